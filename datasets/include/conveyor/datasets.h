@@ -1,0 +1,206 @@
+// conveyor/datasets.h: where samples come from, and how an image becomes a batch row.
+//
+// What it is for: a SampleSource writes one sample's fields straight into the bytes the loader
+// hands it (a row of a pinned batch slot), so nothing is allocated or copied per sample between
+// the file and the batch. The image sources (ImageFolder, FileList, in-memory JPEG bytes) decode
+// with libjpeg-turbo through JpegDecoder, decoding only the crop they need at the smallest DCT
+// scale that still covers the output, then resize with OpenCV and flip/transpose into the row.
+//
+// Requires: write_sample() may be called concurrently from `workers` threads, each passing its
+// own worker number (0 .. workers-1) as given to prepare(); a source keeps per-worker state
+// (decoders, read buffers) indexed by it.
+// Guarantees: write_sample() either fills every byte of the sample's fields or throws; a corrupt,
+// truncated, unsupported or oversized image, or a missing/unreadable file, throws an exception
+// whose message names the file. Augmentation randomness is a pure function of (seed, epoch,
+// index), so results do not depend on the number of workers or the order of work.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include "conveyor/jpeg.h"
+#include "conveyor/random.h"
+
+namespace conveyor {
+
+// One field of a sample: e.g. "image" uint8 [3,224,224] or "label" int64 [].
+struct FieldSpec {
+  std::string name;
+  c10::ScalarType dtype = c10::ScalarType::Byte;
+  std::vector<int64_t> sample_shape;
+  size_t sample_bytes() const;
+};
+
+// What a worker knows about the sample it is writing.
+struct SampleContext {
+  size_t worker = 0;   // 0 .. workers-1, stable for the thread
+  size_t index = 0;    // dataset index
+  uint64_t seed = 0;   // loader seed
+  uint64_t epoch = 0;  // current epoch
+};
+
+class SampleSource {
+ public:
+  virtual ~SampleSource() = default;
+  virtual size_t size() const = 0;
+  virtual std::vector<FieldSpec> fields() const = 0;
+  // Called once before the first write_sample, with the number of worker threads.
+  virtual void prepare(size_t workers) { (void)workers; }
+  // Writes sample ctx.index: `fields[i]` points to fields()[i].sample_bytes() writable bytes.
+  virtual void write_sample(const SampleContext& ctx, std::byte* const* fields) = 0;
+  // A human-readable name for a sample, for errors and skip lists (the file path for images).
+  virtual std::string describe(size_t index) const;
+};
+
+enum class ImageLayout { kCHW, kHWC };
+
+// How each decoded image becomes a fixed-size uint8 RGB row.
+struct ImageTransform {
+  enum class Mode {
+    kRandomResizedCrop,  // torchvision RandomResizedCrop(size, scale, ratio), training
+    kResizeCenterCrop,   // Resize(resize) of the shorter side, then CenterCrop(size), evaluation
+    kResize,             // the whole image resized to size x size (aspect not kept)
+  };
+  Mode mode = Mode::kRandomResizedCrop;
+  int size = 224;            // output height and width
+  int resize = 256;          // shorter side before the center crop (kResizeCenterCrop)
+  double scale_min = 0.08;   // RandomResizedCrop area fraction range
+  double scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0;  // RandomResizedCrop aspect ratio range
+  double ratio_max = 4.0 / 3.0;
+  double flip_probability = 0.5;  // horizontal flip (0 disables)
+  ImageLayout layout = ImageLayout::kCHW;
+  DecodeLimits limits;            // rejects decompression bombs before allocating
+
+  static ImageTransform train(int size = 224);
+  static ImageTransform eval(int size = 224, int resize = 256);
+};
+
+// A crop box in source pixels.
+struct CropBox {
+  int x = 0, y = 0, width = 0, height = 0;
+  bool flip = false;
+};
+
+// The crop and flip that `transform` applies to sample `index` of an image of width x height in
+// (seed, epoch): torchvision's RandomResizedCrop rules (10 tries, then the center-crop fallback).
+CropBox choose_crop(const ImageTransform& transform, int width, int height, uint64_t seed,
+                    uint64_t epoch, size_t index);
+
+// Decodes the JPEG `bytes` and writes the transformed image to `out` (size*size*3 bytes).
+// Per-thread state: one JpegDecoder and scratch buffers, reused across calls.
+class ImageWriter {
+ public:
+  explicit ImageWriter(ImageTransform transform);
+  ~ImageWriter();
+  ImageWriter(ImageWriter&&) noexcept;
+  ImageWriter& operator=(ImageWriter&&) noexcept;
+  void write(const uint8_t* bytes, size_t size, const SampleContext& ctx, std::byte* out);
+  const ImageTransform& transform() const;
+  // The DCT scale numerator (of 8) used by the last write, for statistics.
+  int last_scale() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// One image sample: a file path (or in-memory bytes) and a class label.
+struct ImageItem {
+  std::string path;
+  int64_t label = 0;
+};
+
+// JPEG images with labels, decoded into "image" (uint8 [3,S,S] or [S,S,3]) and "label" (int64).
+// Items come from a folder tree, a file list, or memory.
+class ImageSource : public SampleSource {
+ public:
+  // ImageFolder layout: root/<class>/<image>.jpg|jpeg (any case). Classes are the sorted
+  // sub-folder names, labelled 0..K-1; images within a class are sorted by name. Throws if root is
+  // not a folder or holds no images.
+  static std::unique_ptr<ImageSource> image_folder(const std::filesystem::path& root,
+                                                   ImageTransform transform);
+  // A text file of `path<TAB>label` lines; relative paths are relative to the list's folder.
+  // Throws naming the line on a malformed line.
+  static std::unique_ptr<ImageSource> file_list(const std::filesystem::path& list,
+                                                ImageTransform transform);
+  // Encoded JPEG bytes held in memory (measures decode without the file system).
+  static std::unique_ptr<ImageSource> in_memory(std::vector<std::vector<uint8_t>> jpegs,
+                                                std::vector<int64_t> labels,
+                                                ImageTransform transform);
+
+  ~ImageSource() override;
+  size_t size() const override;
+  std::vector<FieldSpec> fields() const override;
+  void prepare(size_t workers) override;
+  void write_sample(const SampleContext& ctx, std::byte* const* fields) override;
+  std::string describe(size_t index) const override;
+
+  const std::vector<ImageItem>& items() const { return items_; }
+  const std::vector<std::string>& classes() const { return classes_; }
+  const ImageTransform& transform() const { return transform_; }
+  // Samples decoded at each DCT scale numerator 1..8 (index 0 unused), summed over workers.
+  std::vector<uint64_t> scale_histogram() const;
+
+ private:
+  ImageSource(std::vector<ImageItem> items, std::vector<std::string> classes,
+              std::vector<std::vector<uint8_t>> memory, ImageTransform transform);
+  struct Worker;
+  std::vector<ImageItem> items_;
+  std::vector<std::string> classes_;
+  std::vector<std::vector<uint8_t>> memory_;  // empty unless in_memory
+  ImageTransform transform_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+// Reads a whole file into `out` (reusing its capacity). Throws naming the path when the file is
+// missing, not a regular file, unreadable or empty.
+void read_file(const std::string& path, std::vector<uint8_t>& out);
+
+// The photo-like synthetic dataset: an ImageFolder tree of JPEGs about 500x375 (some portrait and
+// other sizes) with texture, edges and sensor-like noise, so that they decode at the speed of
+// real photos (ImageNet averages about 110 kB). Deterministic in `seed`.
+struct GeneratorOptions {
+  size_t classes = 10;
+  size_t images_per_class = 100;
+  int quality = 90;
+  uint64_t seed = 1;
+  size_t threads = 0;  // 0: all cores
+};
+struct GeneratedDataset {
+  std::filesystem::path root;
+  size_t images = 0;
+  uint64_t bytes = 0;
+  bool reused = false;  // true when a complete dataset was already there
+};
+// Writes the dataset under `root` unless a complete one (with a matching stamp) is already there.
+GeneratedDataset generate_image_folder(const std::filesystem::path& root,
+                                       const GeneratorOptions& options);
+// One photo-like JPEG, width x height, deterministic in `seed`.
+std::vector<uint8_t> make_photo_jpeg(int width, int height, uint64_t seed, int quality = 90);
+
+// A source of fixed-size fields filled with a deterministic pattern: a memcpy-sized "image" of
+// `sample_bytes` bytes and the index as an int64 "label". With sample_bytes == 0 the only field is
+// the label, for measuring the engine's own overhead.
+class PatternSource : public SampleSource {
+ public:
+  explicit PatternSource(size_t size, size_t sample_bytes = 3 * 224 * 224);
+  size_t size() const override { return size_; }
+  std::vector<FieldSpec> fields() const override;
+  void write_sample(const SampleContext& ctx, std::byte* const* fields) override;
+  // The byte sample `index` holds at offset `offset` of its image field.
+  static uint8_t pattern_byte(size_t index, size_t offset);
+
+ private:
+  size_t size_;
+  size_t sample_bytes_;
+  std::vector<uint8_t> pattern_;
+};
+
+}  // namespace conveyor

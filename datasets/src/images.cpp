@@ -1,0 +1,412 @@
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <opencv2/core.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "conveyor/datasets.h"
+#include "conveyor/random.h"
+
+namespace conveyor {
+
+size_t FieldSpec::sample_bytes() const {
+  size_t n = c10::elementSize(dtype);
+  for (int64_t d : sample_shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+std::string SampleSource::describe(size_t index) const {
+  return "sample " + std::to_string(index);
+}
+
+ImageTransform ImageTransform::train(int size) {
+  ImageTransform t;
+  t.mode = Mode::kRandomResizedCrop;
+  t.size = size;
+  return t;
+}
+
+ImageTransform ImageTransform::eval(int size, int resize) {
+  ImageTransform t;
+  t.mode = Mode::kResizeCenterCrop;
+  t.size = size;
+  t.resize = resize;
+  t.flip_probability = 0.0;
+  return t;
+}
+
+CropBox choose_crop(const ImageTransform& transform, int width, int height, uint64_t seed,
+                    uint64_t epoch, size_t index) {
+  SampleRng rng(seed, epoch, index);
+  CropBox box{0, 0, width, height, false};
+  switch (transform.mode) {
+    case ImageTransform::Mode::kRandomResizedCrop: {
+      const double area = static_cast<double>(width) * height;
+      const double log_r0 = std::log(transform.ratio_min);
+      const double log_r1 = std::log(transform.ratio_max);
+      bool found = false;
+      for (int attempt = 0; attempt < 10 && !found; ++attempt) {
+        double target = area * rng.uniform(transform.scale_min, transform.scale_max);
+        double aspect = std::exp(rng.uniform(log_r0, log_r1));
+        int w = static_cast<int>(std::nearbyint(std::sqrt(target * aspect)));
+        int h = static_cast<int>(std::nearbyint(std::sqrt(target / aspect)));
+        if (w > 0 && h > 0 && w <= width && h <= height) {
+          box = {rng.randint(0, width - w + 1), rng.randint(0, height - h + 1), w, h, false};
+          found = true;
+        }
+      }
+      if (!found) {  // torchvision's fallback: the central crop of the clamped aspect ratio
+        double in_ratio = static_cast<double>(width) / height;
+        int w = width, h = height;
+        if (in_ratio < transform.ratio_min) {
+          h = static_cast<int>(std::nearbyint(w / transform.ratio_min));
+        } else if (in_ratio > transform.ratio_max) {
+          w = static_cast<int>(std::nearbyint(h * transform.ratio_max));
+        }
+        box = {(width - w) / 2, (height - h) / 2, w, h, false};
+      }
+      break;
+    }
+    case ImageTransform::Mode::kResizeCenterCrop: {
+      // The crop of size x size in an image whose shorter side was resized to `resize`.
+      double factor = static_cast<double>(transform.resize) / std::min(width, height);
+      int side_w = std::min(width, static_cast<int>(std::nearbyint(transform.size / factor)));
+      int side_h = std::min(height, static_cast<int>(std::nearbyint(transform.size / factor)));
+      side_w = std::max(side_w, 1);
+      side_h = std::max(side_h, 1);
+      box = {(width - side_w) / 2, (height - side_h) / 2, side_w, side_h, false};
+      break;
+    }
+    case ImageTransform::Mode::kResize:
+      break;
+  }
+  box.flip = transform.flip_probability > 0.0 && rng.uniform(0.0, 1.0) < transform.flip_probability;
+  return box;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ImageWriter
+
+struct ImageWriter::State {
+  ImageTransform transform;
+  JpegDecoder decoder;
+  cv::Mat resized;  // size x size x 3 scratch, reused
+  int last_scale = 8;
+  explicit State(ImageTransform t) : transform(t), decoder(t.limits) {}
+};
+
+ImageWriter::ImageWriter(ImageTransform transform)
+    : state_(std::make_unique<State>(transform)) {
+  if (transform.size <= 0) throw std::invalid_argument("ImageTransform.size must be positive");
+}
+ImageWriter::~ImageWriter() = default;
+ImageWriter::ImageWriter(ImageWriter&&) noexcept = default;
+ImageWriter& ImageWriter::operator=(ImageWriter&&) noexcept = default;
+const ImageTransform& ImageWriter::transform() const { return state_->transform; }
+int ImageWriter::last_scale() const { return state_->last_scale; }
+
+void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& ctx,
+                        std::byte* out) {
+  State& s = *state_;
+  const int side = s.transform.size;
+  JpegHeader header = s.decoder.begin(bytes, size);
+  CropBox box = choose_crop(s.transform, header.width, header.height, ctx.seed, ctx.epoch,
+                            ctx.index);
+  DecodedImage image =
+      s.decoder.finish_region(box.x, box.y, box.width, box.height, side, side);
+  s.last_scale = image.scale;
+
+  cv::Mat src(image.height, image.width, CV_8UC3, const_cast<uint8_t*>(image.pixels),
+              image.stride);
+  const bool hwc = s.transform.layout == ImageLayout::kHWC;
+  cv::Mat target;
+  if (hwc && !box.flip) {
+    target = cv::Mat(side, side, CV_8UC3, out);  // resize straight into the batch row
+  } else {
+    s.resized.create(side, side, CV_8UC3);
+    target = s.resized;
+  }
+  if (image.width == side && image.height == side) {
+    src.copyTo(target);
+  } else {
+    cv::resize(src, target, cv::Size(side, side), 0, 0, cv::INTER_LINEAR);
+  }
+  if (hwc) {
+    if (box.flip) cv::flip(s.resized, cv::Mat(side, side, CV_8UC3, out), 1);
+    return;
+  }
+  // HWC scratch -> CHW row, flipping on the way if asked.
+  const size_t plane = static_cast<size_t>(side) * side;
+  auto* r = reinterpret_cast<uint8_t*>(out);
+  uint8_t* g = r + plane;
+  uint8_t* b = g + plane;
+  for (int y = 0; y < side; ++y) {
+    const uint8_t* row = s.resized.ptr<uint8_t>(y);
+    size_t o = static_cast<size_t>(y) * side;
+    if (box.flip) {
+      for (int x = 0; x < side; ++x) {
+        const uint8_t* p = row + 3 * (side - 1 - x);
+        r[o + x] = p[0];
+        g[o + x] = p[1];
+        b[o + x] = p[2];
+      }
+    } else {
+      for (int x = 0; x < side; ++x) {
+        const uint8_t* p = row + 3 * x;
+        r[o + x] = p[0];
+        g[o + x] = p[1];
+        b[o + x] = p[2];
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+namespace {
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+[[noreturn]] void file_error(const std::string& path, const std::string& what) {
+  throw std::runtime_error(path + ": " + what);
+}
+}  // namespace
+
+void read_file(const std::string& path, std::vector<uint8_t>& out) {
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) {
+    int e = errno;
+    struct stat link {};
+    if (e == ENOENT && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+      file_error(path, "dangling symbolic link");
+    }
+    file_error(path, std::string("cannot open: ") + std::strerror(e));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) file_error(path, std::string("cannot stat: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) file_error(path, "not a regular file");
+  if (st.st_size == 0) file_error(path, "empty file");
+  const size_t size = static_cast<size_t>(st.st_size);
+  if (out.capacity() < size) out.reserve(size + size / 4);
+  out.resize(size);
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = ::read(fd.get(), out.data() + done, size - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      file_error(path, std::string("read failed: ") + std::strerror(errno));
+    }
+    if (n == 0) file_error(path, "file shrank while being read");
+    done += static_cast<size_t>(n);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ImageSource
+
+struct ImageSource::Worker {
+  ImageWriter writer;
+  std::vector<uint8_t> file;
+  std::array<std::atomic<uint64_t>, 9> scales{};
+  explicit Worker(const ImageTransform& t) : writer(t) {}
+};
+
+ImageSource::ImageSource(std::vector<ImageItem> items, std::vector<std::string> classes,
+                         std::vector<std::vector<uint8_t>> memory, ImageTransform transform)
+    : items_(std::move(items)),
+      classes_(std::move(classes)),
+      memory_(std::move(memory)),
+      transform_(transform) {}
+
+ImageSource::~ImageSource() = default;
+
+namespace {
+bool has_jpeg_extension(const std::filesystem::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".jpg" || ext == ".jpeg";
+}
+}  // namespace
+
+std::unique_ptr<ImageSource> ImageSource::image_folder(const std::filesystem::path& root,
+                                                       ImageTransform transform) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) {
+    throw std::runtime_error("ImageFolder: " + root.string() + " is not a folder");
+  }
+  std::vector<std::string> classes;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    if (entry.is_directory()) classes.push_back(entry.path().filename().string());
+  }
+  std::sort(classes.begin(), classes.end());
+  std::vector<ImageItem> items;
+  for (size_t label = 0; label < classes.size(); ++label) {
+    std::vector<std::string> files;
+    auto options = fs::directory_options::follow_directory_symlink |
+                   fs::directory_options::skip_permission_denied;
+    for (auto it = fs::recursive_directory_iterator(root / classes[label], options);
+         it != fs::recursive_directory_iterator(); ++it) {
+      // Regular files and links (a dangling link is kept, to be reported when read); folders
+      // that happen to be named like images are not samples.
+      std::error_code type_error;
+      if (!has_jpeg_extension(it->path()) || it->is_directory(type_error)) continue;
+      files.push_back(it->path().string());
+    }
+    std::sort(files.begin(), files.end());
+    for (auto& f : files) items.push_back({std::move(f), static_cast<int64_t>(label)});
+  }
+  if (items.empty()) {
+    throw std::runtime_error("ImageFolder: no .jpg/.jpeg images in class folders under " +
+                             root.string());
+  }
+  return std::unique_ptr<ImageSource>(
+      new ImageSource(std::move(items), std::move(classes), {}, transform));
+}
+
+std::unique_ptr<ImageSource> ImageSource::file_list(const std::filesystem::path& list,
+                                                    ImageTransform transform) {
+  std::ifstream in(list);
+  if (!in) throw std::runtime_error("FileList: cannot open " + list.string());
+  std::vector<ImageItem> items;
+  std::string line;
+  size_t line_number = 0;
+  const auto base = list.parent_path();
+  while (std::getline(in, line)) {
+    ++line_number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty() || line[0] == '#') continue;
+    size_t tab = line.rfind('\t');
+    auto bad = [&](const std::string& why) {
+      return std::runtime_error("FileList: " + list.string() + ":" + std::to_string(line_number) +
+                                ": " + why + " (expected 'path<TAB>label')");
+    };
+    if (tab == std::string::npos || tab == 0) throw bad("no tab-separated label");
+    std::string label_text = line.substr(tab + 1);
+    char* end = nullptr;
+    errno = 0;
+    long long label = std::strtoll(label_text.c_str(), &end, 10);
+    if (errno != 0 || end == label_text.c_str() || *end != '\0' || label < 0) {
+      throw bad("label '" + label_text + "' is not a non-negative integer");
+    }
+    std::filesystem::path path = line.substr(0, tab);
+    if (path.is_relative()) path = base / path;
+    items.push_back({path.string(), static_cast<int64_t>(label)});
+  }
+  if (items.empty()) throw std::runtime_error("FileList: " + list.string() + " lists no images");
+  return std::unique_ptr<ImageSource>(new ImageSource(std::move(items), {}, {}, transform));
+}
+
+std::unique_ptr<ImageSource> ImageSource::in_memory(std::vector<std::vector<uint8_t>> jpegs,
+                                                    std::vector<int64_t> labels,
+                                                    ImageTransform transform) {
+  if (jpegs.size() != labels.size()) {
+    throw std::invalid_argument("in_memory: " + std::to_string(jpegs.size()) + " images but " +
+                                std::to_string(labels.size()) + " labels");
+  }
+  std::vector<ImageItem> items;
+  for (size_t i = 0; i < jpegs.size(); ++i) {
+    items.push_back({"<memory #" + std::to_string(i) + ">", labels[i]});
+  }
+  return std::unique_ptr<ImageSource>(
+      new ImageSource(std::move(items), {}, std::move(jpegs), transform));
+}
+
+size_t ImageSource::size() const { return items_.size(); }
+
+std::vector<FieldSpec> ImageSource::fields() const {
+  const int64_t s = transform_.size;
+  std::vector<int64_t> shape = transform_.layout == ImageLayout::kCHW
+                                   ? std::vector<int64_t>{3, s, s}
+                                   : std::vector<int64_t>{s, s, 3};
+  return {{"image", c10::ScalarType::Byte, shape}, {"label", c10::ScalarType::Long, {}}};
+}
+
+void ImageSource::prepare(size_t workers) {
+  while (workers_.size() < workers) workers_.push_back(std::make_unique<Worker>(transform_));
+}
+
+void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* fields) {
+  Worker& w = *workers_.at(ctx.worker);
+  const ImageItem& item = items_.at(ctx.index);
+  const uint8_t* data = nullptr;
+  size_t size = 0;
+  if (memory_.empty()) {
+    read_file(item.path, w.file);
+    data = w.file.data();
+    size = w.file.size();
+  } else {
+    data = memory_[ctx.index].data();
+    size = memory_[ctx.index].size();
+  }
+  w.writer.write(data, size, ctx, fields[0]);
+  w.scales[static_cast<size_t>(w.writer.last_scale())].fetch_add(1, std::memory_order_relaxed);
+  std::memcpy(fields[1], &item.label, sizeof(int64_t));
+}
+
+std::string ImageSource::describe(size_t index) const {
+  return index < items_.size() ? items_[index].path : "sample " + std::to_string(index);
+}
+
+std::vector<uint64_t> ImageSource::scale_histogram() const {
+  std::vector<uint64_t> h(9, 0);
+  for (const auto& w : workers_) {
+    for (size_t i = 0; i < 9; ++i) h[i] += w->scales[i].load(std::memory_order_relaxed);
+  }
+  return h;
+}
+
+// ---------------------------------------------------------------------------------------------
+// PatternSource
+
+PatternSource::PatternSource(size_t size, size_t sample_bytes)
+    : size_(size), sample_bytes_(sample_bytes), pattern_(sample_bytes + 251) {
+  for (size_t i = 0; i < pattern_.size(); ++i) pattern_[i] = static_cast<uint8_t>(i % 251);
+}
+
+std::vector<FieldSpec> PatternSource::fields() const {
+  std::vector<FieldSpec> f;
+  if (sample_bytes_ > 0) {
+    f.push_back({"image", c10::ScalarType::Byte, {static_cast<int64_t>(sample_bytes_)}});
+  }
+  f.push_back({"label", c10::ScalarType::Long, {}});
+  return f;
+}
+
+void PatternSource::write_sample(const SampleContext& ctx, std::byte* const* fields) {
+  size_t f = 0;
+  if (sample_bytes_ > 0) {
+    std::memcpy(fields[f++], pattern_.data() + ctx.index % 251, sample_bytes_);
+  }
+  const auto label = static_cast<int64_t>(ctx.index);
+  std::memcpy(fields[f], &label, sizeof label);
+}
+
+uint8_t PatternSource::pattern_byte(size_t index, size_t offset) {
+  return static_cast<uint8_t>((offset + index % 251) % 251);
+}
+
+}  // namespace conveyor

@@ -1,0 +1,250 @@
+#include "conveyor/jpeg.h"
+
+#include <algorithm>
+#include <csetjmp>
+#include <cstdio>
+#include <cstring>
+
+// jpeglib.h needs size_t and FILE declared first.
+#include <jpeglib.h>
+#include <turbojpeg.h>
+
+namespace conveyor {
+namespace {
+
+struct ErrorManager {
+  jpeg_error_mgr pub;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX];
+};
+
+[[noreturn]] void on_error(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
+  (*cinfo->err->format_message)(cinfo, err->message);
+  std::longjmp(err->jump, 1);
+}
+
+// libjpeg reports corrupt data (a truncated file, a bad Huffman code) as a warning (level -1) and
+// carries on with grey pixels. Conveyor treats it as the error it is.
+void on_message(j_common_ptr cinfo, int level) {
+  if (level < 0) on_error(cinfo);
+}
+
+const char* color_space_name(J_COLOR_SPACE cs) {
+  switch (cs) {
+    case JCS_GRAYSCALE:
+      return "gray";
+    case JCS_YCbCr:
+      return "ycbcr";
+    case JCS_RGB:
+      return "rgb";
+    case JCS_CMYK:
+      return "cmyk";
+    case JCS_YCCK:
+      return "ycck";
+    default:
+      return "unknown";
+  }
+}
+
+int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
+
+}  // namespace
+
+struct JpegDecoder::State {
+  jpeg_decompress_struct cinfo{};
+  ErrorManager err{};
+  DecodeLimits limits;
+  std::vector<uint8_t> buffer;
+  std::vector<JSAMPROW> rows;
+  bool started = false;  // a header was read and the decompressor is mid-image
+
+  explicit State(DecodeLimits l) : limits(l) {
+    cinfo.err = jpeg_std_error(&err.pub);
+    err.pub.error_exit = on_error;
+    err.pub.emit_message = on_message;
+    jpeg_create_decompress(&cinfo);
+  }
+  ~State() { jpeg_destroy_decompress(&cinfo); }
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+
+  void abort() {
+    jpeg_abort_decompress(&cinfo);
+    started = false;
+  }
+
+  [[noreturn]] void fail() {
+    std::string message = err.message;
+    abort();
+    throw JpegError("JPEG decode failed: " + message);
+  }
+
+  // Reads the header and checks the limits. The libjpeg calls run under setjmp; no object with a
+  // destructor lives in this frame across them.
+  JpegHeader begin(const uint8_t* data, size_t size) {
+    if (started) abort();
+    if (size == 0) throw JpegError("JPEG decode failed: empty input");
+    if (setjmp(err.jump)) fail();
+    jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+    started = true;
+    if (jpeg_read_header(&cinfo, TRUE) != JPEG_HEADER_OK) {
+      abort();
+      throw JpegError("JPEG decode failed: no image in the data (tables only)");
+    }
+    JpegHeader header;
+    header.width = static_cast<int>(cinfo.image_width);
+    header.height = static_cast<int>(cinfo.image_height);
+    header.components = cinfo.num_components;
+    header.progressive = cinfo.progressive_mode != 0;
+    header.color_space = color_space_name(cinfo.jpeg_color_space);
+    uint64_t pixels = static_cast<uint64_t>(header.width) * static_cast<uint64_t>(header.height);
+    if (pixels > limits.max_pixels) {
+      abort();
+      throw JpegError("JPEG rejected: " + std::to_string(header.width) + "x" +
+                      std::to_string(header.height) + " = " + std::to_string(pixels) +
+                      " pixels exceeds the limit of " + std::to_string(limits.max_pixels));
+    }
+    if (header.width <= 0 || header.height <= 0) {
+      abort();
+      throw JpegError("JPEG decode failed: empty image");
+    }
+    return header;
+  }
+
+  // Where the rows of the last decode went; members rather than locals so that nothing in the
+  // setjmp frame below changes after setjmp.
+  struct Geometry {
+    int sx0 = 0, sy0 = 0, sx1 = 0, sy1 = 0;
+    JDIMENSION crop_x = 0, crop_w = 0;
+  } geometry;
+
+  // Decodes the scaled region's rows into `buffer`, under setjmp.
+  void read_rows(int scale, int x, int y, int width, int height, bool cmyk) {
+    if (setjmp(err.jump)) fail();
+    cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+    cinfo.scale_num = static_cast<unsigned>(scale);
+    cinfo.scale_denom = 8;
+    jpeg_start_decompress(&cinfo);
+    Geometry& g = geometry;
+    const int out_w = static_cast<int>(cinfo.output_width);
+    const int out_h = static_cast<int>(cinfo.output_height);
+    // The region in scaled pixels, rounded outwards.
+    g.sx1 = std::min(out_w, ceil_div(static_cast<long long>(x + width) * scale, 8));
+    g.sy1 = std::min(out_h, ceil_div(static_cast<long long>(y + height) * scale, 8));
+    g.sx0 = std::min(static_cast<int>(static_cast<long long>(x) * scale / 8), g.sx1 - 1);
+    g.sy0 = std::min(static_cast<int>(static_cast<long long>(y) * scale / 8), g.sy1 - 1);
+    g.crop_x = static_cast<JDIMENSION>(g.sx0);
+    g.crop_w = static_cast<JDIMENSION>(g.sx1 - g.sx0);
+    if (g.crop_w < cinfo.output_width) jpeg_crop_scanline(&cinfo, &g.crop_x, &g.crop_w);
+    const size_t row_bytes = static_cast<size_t>(g.crop_w) * static_cast<size_t>(cinfo.output_components);
+    const size_t need = row_bytes * static_cast<size_t>(g.sy1 - g.sy0);
+    if (buffer.size() < need) buffer.resize(need);
+    if (g.sy0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(g.sy0));
+    while (cinfo.output_scanline < static_cast<JDIMENSION>(g.sy1)) {
+      JSAMPROW row = buffer.data() + (cinfo.output_scanline - static_cast<JDIMENSION>(g.sy0)) * row_bytes;
+      jpeg_read_scanlines(&cinfo, &row, 1);
+    }
+    // Rows below the region are never decoded.
+    jpeg_abort_decompress(&cinfo);
+    started = false;
+  }
+
+  DecodedImage finish(int x, int y, int width, int height, int min_width, int min_height) {
+    const int full_w = static_cast<int>(cinfo.image_width);
+    const int full_h = static_cast<int>(cinfo.image_height);
+    x = std::clamp(x, 0, full_w - 1);
+    y = std::clamp(y, 0, full_h - 1);
+    width = std::clamp(width, 1, full_w - x);
+    height = std::clamp(height, 1, full_h - y);
+
+    int scale = 8;
+    for (int m = 1; m <= 8; ++m) {
+      if (ceil_div(static_cast<long long>(width) * m, 8) >= min_width &&
+          ceil_div(static_cast<long long>(height) * m, 8) >= min_height) {
+        scale = m;
+        break;
+      }
+    }
+    const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+    const bool adobe_inverted = cinfo.saw_Adobe_marker != 0;
+    read_rows(scale, x, y, width, height, cmyk);
+    const JDIMENSION crop_w = geometry.crop_w;
+    const int rows = geometry.sy1 - geometry.sy0;
+    const int sx0 = geometry.sx0, sx1 = geometry.sx1;
+    const JDIMENSION crop_x = geometry.crop_x;
+
+    if (cmyk) {
+      // In place, 4 bytes per pixel -> 3, front to back (the write never overtakes the read).
+      const size_t pixels = static_cast<size_t>(crop_w) * static_cast<size_t>(rows);
+      uint8_t* p = buffer.data();
+      for (size_t i = 0; i < pixels; ++i) {
+        unsigned c = p[4 * i], m = p[4 * i + 1], yel = p[4 * i + 2], k = p[4 * i + 3];
+        if (!adobe_inverted) {
+          c = 255 - c;
+          m = 255 - m;
+          yel = 255 - yel;
+          k = 255 - k;
+        }
+        p[3 * i] = static_cast<uint8_t>(c * k / 255);
+        p[3 * i + 1] = static_cast<uint8_t>(m * k / 255);
+        p[3 * i + 2] = static_cast<uint8_t>(yel * k / 255);
+      }
+    }
+    DecodedImage image;
+    image.stride = static_cast<size_t>(crop_w) * 3;
+    image.pixels = buffer.data() + static_cast<size_t>(sx0 - static_cast<int>(crop_x)) * 3;
+    image.width = sx1 - sx0;
+    image.height = rows;
+    image.scale = scale;
+    return image;
+  }
+};
+
+JpegDecoder::JpegDecoder(DecodeLimits limits) : state_(std::make_unique<State>(limits)) {}
+JpegDecoder::~JpegDecoder() = default;
+JpegDecoder::JpegDecoder(JpegDecoder&&) noexcept = default;
+JpegDecoder& JpegDecoder::operator=(JpegDecoder&&) noexcept = default;
+
+JpegHeader JpegDecoder::read_header(const uint8_t* data, size_t size) {
+  JpegHeader header = state_->begin(data, size);
+  state_->abort();
+  return header;
+}
+
+JpegHeader JpegDecoder::begin(const uint8_t* data, size_t size) { return state_->begin(data, size); }
+
+DecodedImage JpegDecoder::finish_region(int x, int y, int width, int height, int min_width,
+                                        int min_height) {
+  if (!state_->started) throw std::logic_error("JpegDecoder::finish_region without begin");
+  return state_->finish(x, y, width, height, min_width, min_height);
+}
+
+DecodedImage JpegDecoder::decode(const uint8_t* data, size_t size) {
+  JpegHeader header = state_->begin(data, size);
+  return state_->finish(0, 0, header.width, header.height, header.width, header.height);
+}
+
+DecodedImage JpegDecoder::decode_region(const uint8_t* data, size_t size, int x, int y, int width,
+                                        int height, int min_width, int min_height) {
+  state_->begin(data, size);
+  return state_->finish(x, y, width, height, min_width, min_height);
+}
+
+std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height, int quality) {
+  tjhandle handle = tjInitCompress();
+  if (handle == nullptr) throw JpegError("tjInitCompress failed");
+  unsigned char* out = nullptr;
+  unsigned long out_size = 0;
+  int rc = tjCompress2(handle, rgb, width, 0, height, TJPF_RGB, &out, &out_size, TJSAMP_420,
+                       quality, 0);
+  std::vector<uint8_t> result;
+  std::string message = rc != 0 ? tjGetErrorStr2(handle) : "";
+  if (rc == 0) result.assign(out, out + out_size);
+  tjFree(out);
+  tjDestroy(handle);
+  if (rc != 0) throw JpegError("JPEG encode failed: " + message);
+  return result;
+}
+
+}  // namespace conveyor

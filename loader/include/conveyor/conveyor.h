@@ -1,0 +1,15 @@
+// conveyor/conveyor.h: the whole public API of Conveyor, a data-loading engine for LibTorch.
+//
+//   pinned.h    HostBuffer and SlotRing: page-locked host memory and the ring of batch slots.
+//   prefetch.h  CopyEngine (side-stream host-to-device copies) and normalize_images.
+//   datasets.h  SampleSource, ImageSource (ImageFolder, file list, in memory), transforms,
+//               the photo-like dataset generator; jpeg.h, the libjpeg-turbo decoder.
+//   loader.h    DataLoader, LoaderOptions, samplers, Batch, errors and statistics.
+#pragma once
+
+#include "conveyor/datasets.h"
+#include "conveyor/jpeg.h"
+#include "conveyor/loader.h"
+#include "conveyor/pinned.h"
+#include "conveyor/prefetch.h"
+#include "conveyor/random.h"

@@ -1,0 +1,334 @@
+// conveyor/loader.h: the data loader: samplers, worker pool, ordered batches, prefetch to the GPU.
+//
+// What it is for: iterating over a SampleSource in batches with the decoding done by a pool of
+// worker threads, each batch written straight into a slot of a pinned SlotRing and, with a CUDA
+// device, copied there on a side stream ahead of the training loop:
+//
+//   conveyor::LoaderOptions options;
+//   options.batch_size = 256;
+//   options.workers = 8;
+//   options.device = torch::Device("cuda:0");
+//   conveyor::DataLoader loader(conveyor::ImageSource::image_folder(root, train_transform),
+//                               options, conveyor::RandomSampler::make(seed));
+//   for (int epoch = 0; epoch < 90; ++epoch)
+//     for (conveyor::Batch& batch : loader) train_step(batch.images(), batch.labels());
+//
+// Requires: one consumer thread iterates a loader; the SampleSource is safe to call from the
+// workers as SampleSource documents.
+// Guarantees:
+//   * Each begin() starts a new epoch (0, 1, 2, ...). Within an epoch every index the sampler
+//     yields is delivered exactly once (or, with ErrorPolicy::kSkip, replaced by a substitute and
+//     counted in stats().skipped). With enforce_ordering (the default) batches come in sampler
+//     order, otherwise as they finish.
+//   * Memory is allocated up front: pinned_bytes() host bytes for the ring, constant for the
+//     loader's lifetime; at most prefetch_factor batches are staged on the device.
+//   * Without a CUDA device the same pipeline runs on the CPU: pageable memory, no copy stage, and
+//     batches are tensors that view their slot (no copy); the slot is recycled when the batch's
+//     tensors are released. mode() says which path is in use.
+//   * A sample that fails raises SampleError naming the sample index and its file, carrying the
+//     original exception; a batch that does not arrive within `timeout` raises TimeoutError.
+//   * Calling begin() again before an epoch ended (e.g. after `break`) cancels the rest of that
+//     epoch and starts the next one; destroying the loader mid-epoch returns promptly; neither
+//     leaks a thread, a stream or pinned memory. (torch::data instead rejects a second begin()
+//     while batches are in flight; Conveyor deliberately allows it.)
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <semaphore>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <boost/lockfree/queue.hpp>
+#include <c10/core/Device.h>
+
+#include "conveyor/datasets.h"
+#include "conveyor/pinned.h"
+#include "conveyor/prefetch.h"
+
+namespace conveyor {
+
+// ---------------------------------------------------------------------------------------------
+// Samplers: the order of dataset indices in each epoch.
+
+class Sampler {
+ public:
+  virtual ~Sampler() = default;
+  // Writes the indices of `epoch` for a dataset of `dataset_size` samples into `out`.
+  // Must be a pure function of its arguments and the sampler's construction parameters.
+  virtual void indices(size_t dataset_size, uint64_t epoch, std::vector<size_t>& out) const = 0;
+};
+
+// 0, 1, ..., n-1 every epoch.
+class SequentialSampler : public Sampler {
+ public:
+  static std::unique_ptr<Sampler> make() { return std::make_unique<SequentialSampler>(); }
+  void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
+};
+
+// A permutation that is a pure function of (seed, epoch): the same whatever the number of workers,
+// different from epoch to epoch.
+class RandomSampler : public Sampler {
+ public:
+  explicit RandomSampler(uint64_t seed = 0) : seed_(seed) {}
+  static std::unique_ptr<Sampler> make(uint64_t seed = 0) {
+    return std::make_unique<RandomSampler>(seed);
+  }
+  void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
+
+ private:
+  uint64_t seed_;
+};
+
+// PyTorch's DistributedSampler: each of `world_size` ranks gets a disjoint share of one (optionally
+// shuffled by seed and epoch) permutation. Without drop_last the permutation is padded by repeating
+// its head so every rank gets ceil(n / world_size) indices; with drop_last the tail is dropped so
+// every rank gets floor(n / world_size).
+class DistributedSampler : public Sampler {
+ public:
+  DistributedSampler(size_t rank, size_t world_size, bool shuffle = true, uint64_t seed = 0,
+                     bool drop_last = false);
+  static std::unique_ptr<Sampler> make(size_t rank, size_t world_size, bool shuffle = true,
+                                       uint64_t seed = 0, bool drop_last = false) {
+    return std::make_unique<DistributedSampler>(rank, world_size, shuffle, seed, drop_last);
+  }
+  void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
+  // Indices per rank for a dataset of n samples.
+  size_t per_rank(size_t n) const;
+
+ private:
+  size_t rank_, world_size_;
+  bool shuffle_;
+  uint64_t seed_;
+  bool drop_last_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Options and results.
+
+enum class ErrorPolicy {
+  kRaise,  // the consumer gets a SampleError for the batch holding the failed sample
+  kSkip,   // the failed sample is replaced by the next index that loads, and counted
+};
+
+struct LoaderOptions {
+  size_t batch_size = 1;
+  // Worker threads that decode samples. 0 means one per hardware thread.
+  size_t workers = 0;
+  // Drop the last batch of an epoch when it is smaller than batch_size.
+  bool drop_last = false;
+  // Deliver batches in sampler order (true) or as soon as each is ready (false).
+  bool enforce_ordering = true;
+  // Longest wait for one batch before TimeoutError; none by default.
+  std::optional<std::chrono::milliseconds> timeout;
+  // Seed for augmentations (and for samplers made by the drop-in API).
+  uint64_t seed = 0;
+  ErrorPolicy on_error = ErrorPolicy::kRaise;
+  // With kSkip: how many following indices to try as a substitute before failing the batch.
+  size_t max_substitutes = 16;
+  // Where batches are delivered. A CUDA device adds the side-stream copy stage.
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+  // Pin the slot ring when a CUDA device is usable (required for asynchronous copies).
+  bool pin_memory = true;
+  // Batches copied to the device ahead of the consumer (CUDA devices only); at least 1.
+  size_t prefetch_factor = 2;
+  // Batch slots in the ring. 0 means workers + prefetch_factor + 2.
+  size_t slots = 0;
+};
+
+// A sample failed to load; what() names the sample index and its file.
+class SampleError : public std::runtime_error {
+ public:
+  SampleError(const std::string& message, size_t index, std::string path,
+              std::exception_ptr original);
+  size_t index() const { return index_; }
+  const std::string& path() const { return path_; }
+  // The exception the dataset threw.
+  std::exception_ptr original() const { return original_; }
+  [[noreturn]] void rethrow_original() const { std::rethrow_exception(original_); }
+
+ private:
+  size_t index_;
+  std::string path_;
+  std::exception_ptr original_;
+};
+
+class TimeoutError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Batch {
+  // One tensor per field, [B, ...sample_shape], in the order of the source's fields().
+  std::vector<at::Tensor> fields;
+  std::vector<std::string> names;
+  // The dataset indices in this batch, in row order (substitutes under kSkip included).
+  std::vector<size_t> indices;
+  uint64_t epoch = 0;
+  size_t sequence = 0;  // position in the epoch's sampler order
+
+  const at::Tensor& field(const std::string& name) const;
+  const at::Tensor& images() const { return field("image"); }
+  const at::Tensor& labels() const { return field("label"); }
+  size_t size() const { return indices.size(); }
+};
+
+struct SkippedSample {
+  size_t index;
+  std::string path;
+  std::string message;
+  uint64_t epoch;
+};
+
+struct LoaderStats {
+  uint64_t batches = 0;     // delivered to the consumer
+  uint64_t samples = 0;     // rows delivered
+  uint64_t skipped = 0;     // samples replaced under kSkip
+  uint64_t errors = 0;      // sample failures seen (raised or skipped)
+  std::vector<SkippedSample> skipped_samples;  // the first 1000
+  double fill_seconds = 0;      // worker time spent writing samples, summed over workers
+  double copy_issue_seconds = 0;  // consumer time spent issuing device copies
+  double wait_seconds = 0;      // time the consumer waited for a batch
+  std::vector<size_t> slot_states;  // slots per SlotState, now
+  uint64_t copies_to_host = 0;  // batches handed out as copies because the user held every slot
+};
+
+// ---------------------------------------------------------------------------------------------
+
+class DataLoader {
+ public:
+  class Iterator;
+  struct Sentinel {};
+
+  // Throws std::invalid_argument on bad options (batch_size 0, a CUDA device without a GPU, ...).
+  // `sampler` defaults to SequentialSampler; `copy_engine` defaults to the CUDA engine for a CUDA
+  // device (tests pass their own).
+  DataLoader(std::shared_ptr<SampleSource> source, LoaderOptions options,
+             std::unique_ptr<Sampler> sampler = nullptr,
+             std::unique_ptr<CopyEngine> copy_engine = nullptr);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // Starts the next epoch (cancelling the rest of the current one, if any).
+  Iterator begin();
+  Sentinel end() const { return {}; }
+  // The next batch of the current epoch, or nullopt at its end. Starts epoch 0 if none started.
+  std::optional<Batch> next();
+  // Starts the next epoch without iterating (begin() calls it).
+  void start_epoch();
+
+  // Stops the workers and releases the copy stage; the loader yields nothing afterwards.
+  void join();
+
+  uint64_t epoch() const { return epoch_; }
+  size_t batches_per_epoch() const;
+  size_t workers() const { return workers_.size(); }
+  const LoaderOptions& options() const { return options_; }
+  size_t pinned_bytes() const;  // bytes of the slot ring (pinned or not)
+  bool is_pinned() const;
+  // One line saying which path is in use: GPU copy stage, or CPU only (and why).
+  std::string mode() const;
+  LoaderStats stats() const;
+
+ private:
+  struct SlotMeta;
+  struct Shared;
+  struct Staged;
+  void worker_loop(size_t worker);
+  void fill(size_t worker, uint32_t slot, size_t sequence, uint64_t generation);
+  bool write_with_policy(size_t worker, size_t index, std::byte* const* rows, SlotMeta& meta);
+  uint32_t take_next(bool blocking);
+  bool take_ready(uint32_t& slot);
+  void cancel_epoch();
+  Batch host_batch(uint32_t slot, bool zero_copy);
+  std::vector<at::Tensor> slot_views(uint32_t slot, size_t rows) const;
+  void stage_copies(bool need_one);
+  [[noreturn]] void raise_failure(const SlotMeta& meta);
+
+  std::shared_ptr<SampleSource> source_;
+  std::vector<FieldSpec> fields_;
+  std::vector<size_t> field_bytes_;
+  LoaderOptions options_;
+  std::unique_ptr<Sampler> sampler_;
+  std::shared_ptr<Shared> shared_;  // the ring and counters that outlive the loader while held
+  std::unique_ptr<CopyEngine> engine_;  // destroyed before shared_ (it waits for its callbacks)
+  std::vector<std::unique_ptr<SlotMeta>> meta_;
+
+  boost::lockfree::queue<uint32_t> completed_;
+  std::counting_semaphore<> completed_count_{0};
+
+  // Epoch state shared with the workers, guarded by mutex_ (taken once per batch, not per sample).
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;
+  bool stop_ = false;
+  bool running_ = false;
+  std::vector<size_t> order_;
+  size_t num_batches_ = 0;
+  size_t next_claim_ = 0;
+  size_t claimed_ = 0;
+  std::atomic<uint64_t> generation_{0};
+
+  // Consumer-only state.
+  uint64_t epoch_ = 0;
+  bool started_ = false;
+  size_t collected_ = 0;      // completions taken from completed_ this epoch
+  size_t next_sequence_ = 0;  // next batch to hand out (ordered) / count handed out (unordered)
+  size_t next_stage_ = 0;     // next batch to stage on the device
+  std::vector<int64_t> reorder_;  // sequence % slots -> slot, -1 when absent
+  std::deque<std::unique_ptr<Staged>> staged_;
+  bool joined_ = false;
+
+  // Statistics.
+  std::atomic<uint64_t> fill_ns_{0};
+  std::atomic<uint64_t> errors_{0};
+  uint64_t batches_ = 0, samples_ = 0;
+  double wait_seconds_ = 0, copy_issue_seconds_ = 0;
+  mutable std::mutex skipped_mutex_;
+  std::vector<SkippedSample> skipped_samples_;
+  uint64_t skipped_ = 0;
+
+  std::vector<std::jthread> workers_;  // last: joined first on destruction
+};
+
+class DataLoader::Iterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = Batch;
+  using difference_type = std::ptrdiff_t;
+  using pointer = Batch*;
+  using reference = Batch&;
+
+  Batch& operator*();
+  Batch* operator->() { return &**this; }
+  Iterator& operator++();
+  bool operator==(const Sentinel&) const { return !batch_.has_value(); }
+  bool operator!=(const Sentinel& s) const { return !(*this == s); }
+
+ private:
+  friend class DataLoader;
+  Iterator(DataLoader* loader, uint64_t epoch);
+  void check_current() const;
+  DataLoader* loader_;
+  uint64_t epoch_;
+  std::optional<Batch> batch_;
+};
+
+// The umbrella of what a training loop usually wants: a loader over an ImageFolder.
+std::unique_ptr<DataLoader> make_image_folder_loader(const std::string& root,
+                                                     const ImageTransform& transform,
+                                                     const LoaderOptions& options,
+                                                     bool shuffle = true);
+
+}  // namespace conveyor

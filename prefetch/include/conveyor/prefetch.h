@@ -1,0 +1,61 @@
+// conveyor/prefetch.h: the copy stage (host slot -> device tensors) and GPU-side batch ops.
+//
+// What it is for: moving a ready batch slot to the GPU without the training loop waiting for it.
+// CudaCopyEngine allocates the destination tensors through LibTorch's CUDA caching allocator,
+// issues cudaMemcpyAsync on a side stream from LibTorch's stream pool, records the slot's event
+// after the copy and, through a host callback on that stream, hands the slot back as soon as the
+// copy has finished reading it. make_visible() makes the consumer's current stream wait on the
+// event and records the tensors on that stream, so the caching allocator never reuses their memory
+// while the consumer may still use them.
+//
+// CopyEngine is the interface the loader drives; tests substitute a host-side engine whose copies
+// finish late, to prove that no slot is reused before its copy is done.
+//
+// Requires: the host tensors passed to start() stay unchanged until on_finished runs.
+// Guarantees: on_finished runs exactly once per start(), after the copy stopped reading the host
+// memory, and never from inside start(). Destroying an engine waits for its outstanding copies and
+// callbacks.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+namespace conveyor {
+
+class CopyEngine {
+ public:
+  virtual ~CopyEngine() = default;
+  // Starts copying `host` to the engine's device and returns the destination tensors, whose
+  // content is valid only after make_visible(). `event` is the slot's CUDA event (may be null for
+  // non-CUDA engines).
+  virtual std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, void* event,
+                                        std::function<void()> on_finished) = 0;
+  // Orders the caller's later work after the copy that produced `device`.
+  virtual void make_visible(std::vector<at::Tensor>& device, void* event) = 0;
+  virtual c10::Device device() const = 0;
+};
+
+// The real copy stage: one side stream of the given CUDA device.
+// Throws std::runtime_error when no CUDA device is usable or the index is out of range.
+std::unique_ptr<CopyEngine> make_cuda_copy_engine(c10::Device device);
+
+// Normalization on the device after the copy, so the PCIe link carries uint8:
+// out = (images / 255 - mean) / std, per channel, as `dtype` (float32, float16 or bfloat16).
+// `images` is uint8 [B,3,H,W] (CHW) or [B,H,W,3] (HWC, `hwc` = true). The result is [B,3,H,W],
+// in channels-last memory format when `channels_last`. On CUDA it is one fused kernel; on the CPU
+// it uses LibTorch ops.
+struct NormalizeOptions {
+  std::vector<float> mean{0.485f, 0.456f, 0.406f};  // ImageNet
+  std::vector<float> std{0.229f, 0.224f, 0.225f};
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  bool hwc = false;
+  bool channels_last = false;
+};
+at::Tensor normalize_images(const at::Tensor& images, const NormalizeOptions& options = {});
+
+}  // namespace conveyor
