@@ -195,7 +195,9 @@ class FileDescriptor {
 }  // namespace
 
 void read_file(const std::string& path, std::vector<uint8_t>& out) {
-  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO named like an image must not wait for a writer; it is refused
+  // below as not a regular file. Reads from regular files ignore the flag.
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) {
     int e = errno;
     struct stat link {};

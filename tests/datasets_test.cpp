@@ -1,0 +1,235 @@
+// Image sources: folder layout and labels, file lists, the transform's pixels, and bad files
+// through the whole loader.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <opencv2/imgproc.hpp>
+#include <turbojpeg.h>
+
+#include "test_support.h"
+
+namespace conveyor {
+namespace {
+
+using testing::TempDir;
+using testing::write_bytes;
+
+TEST(ImageFolder, LabelsFollowSortedClassFoldersAndOnlyJpegFilesCount) {
+  TempDir dir;
+  write_bytes(dir / "zebra/b.jpg", make_photo_jpeg(16, 16, 1));
+  write_bytes(dir / "zebra/a.JPEG", make_photo_jpeg(16, 16, 2));
+  write_bytes(dir / "apple/x.Jpg", make_photo_jpeg(16, 16, 3));
+  write_bytes(dir / "apple/nested/y.jpeg", make_photo_jpeg(16, 16, 4));
+  write_bytes(dir / "apple/notes.txt", {'h', 'i'});
+  write_bytes(dir / "apple/pic.png", {1, 2, 3});
+  std::filesystem::create_directories(dir / "mango/folder.jpg");  // a folder named like an image
+  write_bytes(dir / "stray.jpg", make_photo_jpeg(16, 16, 5));    // not in a class folder
+  auto source = ImageSource::image_folder(dir.path(), ImageTransform::train(8));
+  EXPECT_EQ(source->classes(), (std::vector<std::string>{"apple", "mango", "zebra"}));
+  ASSERT_EQ(source->size(), 4u);
+  std::vector<std::pair<std::string, int64_t>> got;
+  for (const auto& item : source->items()) {
+    got.emplace_back(std::filesystem::relative(item.path, dir.path()).string(), item.label);
+  }
+  EXPECT_EQ(got, (std::vector<std::pair<std::string, int64_t>>{
+                     {"apple/nested/y.jpeg", 0}, {"apple/x.Jpg", 0}, {"zebra/a.JPEG", 2},
+                     {"zebra/b.jpg", 2}}));
+}
+
+TEST(ImageFolder, MissingOrEmptyFoldersAreClearErrors) {
+  TempDir dir;
+  try {
+    ImageSource::image_folder(dir / "nope", ImageTransform::train());
+    ADD_FAILURE();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("nope"), std::string::npos);
+  }
+  std::filesystem::create_directories(dir / "empty_class");
+  EXPECT_THROW(ImageSource::image_folder(dir.path(), ImageTransform::train()), std::runtime_error);
+}
+
+TEST(FileList, ReadsPathsAndLabelsAndNamesTheBadLine) {
+  TempDir dir;
+  write_bytes(dir / "imgs/a.jpg", make_photo_jpeg(16, 16, 1));
+  {
+    std::ofstream(dir / "list.txt") << "# comment\nimgs/a.jpg\t3\n" << (dir / "imgs/a.jpg").string()
+                                    << "\t0\n";
+  }
+  auto source = ImageSource::file_list(dir / "list.txt", ImageTransform::train(8));
+  ASSERT_EQ(source->size(), 2u);
+  EXPECT_EQ(source->items()[0].label, 3);
+  EXPECT_EQ(source->items()[0].path, (dir / "imgs/a.jpg").string());
+  { std::ofstream(dir / "bad.txt") << "imgs/a.jpg\t1\nimgs/a.jpg 2\n"; }
+  try {
+    ImageSource::file_list(dir / "bad.txt", ImageTransform::train());
+    ADD_FAILURE();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.txt:2"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Transforms, RandomResizedCropFollowsTorchvisionRulesAndIsDeterministic) {
+  ImageTransform t = ImageTransform::train(224);
+  size_t flips = 0;
+  for (size_t i = 0; i < 2000; ++i) {
+    CropBox b = choose_crop(t, 500, 375, 7, 2, i);
+    CropBox again = choose_crop(t, 500, 375, 7, 2, i);
+    EXPECT_EQ(b.x, again.x);
+    EXPECT_EQ(b.width, again.width);
+    EXPECT_EQ(b.flip, again.flip);
+    ASSERT_GE(b.x, 0);
+    ASSERT_GE(b.y, 0);
+    ASSERT_LE(b.x + b.width, 500);
+    ASSERT_LE(b.y + b.height, 375);
+    double area = static_cast<double>(b.width) * b.height / (500.0 * 375.0);
+    EXPECT_GE(area, 0.07);
+    EXPECT_LE(area, 1.0);
+    flips += b.flip;
+  }
+  EXPECT_GT(flips, 850u);
+  EXPECT_LT(flips, 1150u);
+  // Different epochs give different crops of the same sample.
+  EXPECT_NE(choose_crop(t, 500, 375, 7, 0, 1).x + choose_crop(t, 500, 375, 7, 0, 1).width * 1000,
+            choose_crop(t, 500, 375, 7, 1, 1).x + choose_crop(t, 500, 375, 7, 1, 1).width * 1000);
+  // Center crop for evaluation: 224 of a 256-short-side resize.
+  CropBox c = choose_crop(ImageTransform::eval(224, 256), 500, 375, 0, 0, 0);
+  EXPECT_EQ(c.height, 328);  // 224 * 375 / 256
+  EXPECT_EQ(c.width, 328);
+  EXPECT_EQ(c.x, (500 - 328) / 2);
+  EXPECT_FALSE(c.flip);
+}
+
+// The transform's output against a reference: a full TurboJPEG decode, the same crop, an OpenCV
+// area resize, the same flip.
+TEST(ImageWriter, PixelsMatchAReferenceDecodeCropAndResize) {
+  auto jpeg = make_photo_jpeg(500, 375, 21);
+  tjhandle h = tjInitDecompress();
+  cv::Mat full(375, 500, CV_8UC3);
+  ASSERT_EQ(tjDecompress2(h, jpeg.data(), jpeg.size(), full.data, 500, 0, 375, TJPF_RGB, 0), 0);
+  tjDestroy(h);
+  for (ImageLayout layout : {ImageLayout::kCHW, ImageLayout::kHWC}) {
+    ImageTransform t = ImageTransform::train(224);
+    t.layout = layout;
+    ImageWriter writer(t);
+    for (size_t index = 0; index < 12; ++index) {
+      SampleContext ctx{0, index, 5, 0};
+      std::vector<std::byte> out(224 * 224 * 3);
+      writer.write(jpeg.data(), jpeg.size(), ctx, out.data());
+      CropBox box = choose_crop(t, 500, 375, 5, 0, index);
+      cv::Mat ref;
+      cv::resize(full(cv::Rect(box.x, box.y, box.width, box.height)), ref, cv::Size(224, 224), 0,
+                 0, cv::INTER_AREA);
+      if (box.flip) cv::flip(ref, ref, 1);
+      double diff = 0;
+      for (int y = 0; y < 224; ++y) {
+        for (int x = 0; x < 224; ++x) {
+          for (int c = 0; c < 3; ++c) {
+            size_t o = layout == ImageLayout::kHWC ? (static_cast<size_t>(y) * 224 + x) * 3 + c
+                                                   : static_cast<size_t>(c) * 224 * 224 + y * 224 + x;
+            diff += std::abs(static_cast<int>(out[o]) - ref.at<cv::Vec3b>(y, x)[c]);
+          }
+        }
+      }
+      diff /= 224.0 * 224 * 3;
+      EXPECT_LT(diff, 12.0) << "index " << index << " scale " << writer.last_scale();
+    }
+  }
+}
+
+TEST(ImageWriter, ExactWhenNoResizeIsNeeded) {
+  auto jpeg = make_photo_jpeg(64, 64, 9);
+  tjhandle h = tjInitDecompress();
+  std::vector<uint8_t> ref(64 * 64 * 3);
+  ASSERT_EQ(tjDecompress2(h, jpeg.data(), jpeg.size(), ref.data(), 64, 0, 64, TJPF_RGB, 0), 0);
+  tjDestroy(h);
+  ImageTransform t;
+  t.mode = ImageTransform::Mode::kResize;
+  t.size = 64;
+  t.flip_probability = 0;
+  ImageWriter writer(t);
+  std::vector<std::byte> out(64 * 64 * 3);
+  writer.write(jpeg.data(), jpeg.size(), SampleContext{}, out.data());
+  for (int c = 0; c < 3; ++c) {
+    for (int i = 0; i < 64 * 64; ++i) {
+      ASSERT_EQ(static_cast<uint8_t>(out[static_cast<size_t>(c) * 4096 + i]), ref[i * 3 + c]);
+    }
+  }
+}
+
+TEST(ImageLoader, DeliversEveryImageOnceWithItsLabel) {
+  TempDir dir;
+  testing::make_small_folder(dir.path(), {"cat", "dog", "eel"}, 7);
+  auto source = std::shared_ptr<ImageSource>(ImageSource::image_folder(dir.path(), ImageTransform::train(32)));
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  DataLoader loader(source, o, RandomSampler::make(1));
+  std::multiset<size_t> seen;
+  for (Batch& b : loader) {
+    EXPECT_EQ(b.images().sizes(), (std::vector<int64_t>{static_cast<int64_t>(b.size()), 3, 32, 32}));
+    EXPECT_EQ(b.images().scalar_type(), at::kByte);
+    EXPECT_EQ(b.labels().scalar_type(), at::kLong);
+    for (size_t r = 0; r < b.size(); ++r) {
+      seen.insert(b.indices[r]);
+      EXPECT_EQ(b.labels()[static_cast<int64_t>(r)].item<int64_t>(), source->items()[b.indices[r]].label);
+    }
+    EXPECT_GT(b.images().to(at::kFloat).std().item<float>(), 5.0f) << "images are not blank";
+  }
+  EXPECT_EQ(seen.size(), 21u);
+  EXPECT_EQ(std::set<size_t>(seen.begin(), seen.end()).size(), 21u);
+}
+
+// Every kind of bad file in one folder: each must come back as an error naming it, or be skipped
+// and counted; never a crash or a hang.
+TEST(ImageLoader, BadFilesAreNamedOrSkipped) {
+  TempDir dir;
+  testing::make_small_folder(dir.path(), {"a"}, 4);
+  auto good = make_photo_jpeg(64, 48, 99);
+  std::vector<uint8_t> truncated(good.begin(), good.begin() + static_cast<long>(good.size() / 2));
+  write_bytes(dir / "a/bad_truncated.jpg", truncated);
+  write_bytes(dir / "a/bad_garbage.jpg", std::vector<uint8_t>(500, 7));
+  write_bytes(dir / "a/bad_empty.jpg", {});
+  std::filesystem::create_symlink(dir / "a/missing_target.jpg", dir / "a/bad_dangling.jpg");
+  ASSERT_EQ(::mkfifo((dir / "a/bad_fifo.jpg").c_str(), 0644), 0);
+  auto source = std::shared_ptr<ImageSource>(ImageSource::image_folder(dir.path(), ImageTransform::train(16)));
+  ASSERT_EQ(source->size(), 9u);
+
+  LoaderOptions o;
+  o.batch_size = 1;
+  o.workers = 2;
+  std::set<std::string> failed;
+  {
+    DataLoader loader(source, o);
+    testing::finishes_within(std::chrono::seconds(20), "bad files, raise", [&] {
+      for (;;) {
+        try {
+          if (!loader.next()) break;
+        } catch (const SampleError& e) {
+          std::string what = e.what();
+          EXPECT_NE(what.find(e.path()), std::string::npos) << what;
+          EXPECT_NE(what.find("sample " + std::to_string(e.index())), std::string::npos) << what;
+          failed.insert(std::filesystem::path(e.path()).filename().string());
+        }
+      }
+    });
+  }
+  EXPECT_EQ(failed, (std::set<std::string>{"bad_dangling.jpg", "bad_empty.jpg", "bad_fifo.jpg",
+                                           "bad_garbage.jpg", "bad_truncated.jpg"}));
+
+  o.on_error = ErrorPolicy::kSkip;
+  o.batch_size = 3;
+  DataLoader skipping(source, o);
+  size_t rows = 0;
+  for (Batch& b : skipping) {
+    rows += b.size();
+    for (size_t idx : b.indices) {
+      EXPECT_EQ(source->items()[idx].path.find("bad_"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(rows, 9u);
+  EXPECT_EQ(skipping.stats().skipped, 5u);
+}
+
+}  // namespace
+}  // namespace conveyor

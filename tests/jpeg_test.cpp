@@ -1,0 +1,233 @@
+// JpegDecoder against libjpeg-turbo's own TurboJPEG decode, and every kind of bad input.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include <jpeglib.h>
+#include <turbojpeg.h>
+
+#include "conveyor/jpeg.h"
+#include "test_support.h"
+
+namespace conveyor {
+namespace {
+
+struct Reference {
+  int width = 0, height = 0;
+  std::vector<uint8_t> pixels;  // RGB, or CMYK when asked
+};
+
+Reference tj_decode(const std::vector<uint8_t>& jpeg, int pixel_format = TJPF_RGB,
+                    int scaled_width = 0) {
+  tjhandle h = tjInitDecompress();
+  int w = 0, hh = 0, sub = 0, cs = 0;
+  EXPECT_EQ(tjDecompressHeader3(h, jpeg.data(), jpeg.size(), &w, &hh, &sub, &cs), 0);
+  Reference r;
+  int out_w = scaled_width != 0 ? scaled_width : w;
+  int out_h = scaled_width != 0 ? (hh * scaled_width + w - 1) / w : hh;
+  // TurboJPEG picks the scaling factor from the requested size; ask for exact M/8 sizes.
+  r.width = out_w;
+  r.height = out_h;
+  const int ps = tjPixelSize[pixel_format];
+  r.pixels.resize(static_cast<size_t>(out_w) * out_h * ps);
+  EXPECT_EQ(tjDecompress2(h, jpeg.data(), jpeg.size(), r.pixels.data(), out_w, 0, out_h,
+                          pixel_format, 0),
+            0)
+      << tjGetErrorStr2(h);
+  tjDestroy(h);
+  return r;
+}
+
+std::vector<uint8_t> tj_encode(const std::vector<uint8_t>& pixels, int w, int h, int pixel_format,
+                               int subsampling, int flags) {
+  tjhandle handle = tjInitCompress();
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  EXPECT_EQ(tjCompress2(handle, pixels.data(), w, 0, h, pixel_format, &out, &size, subsampling, 90,
+                        flags),
+            0)
+      << tjGetErrorStr2(handle);
+  std::vector<uint8_t> v(out, out + size);
+  tjFree(out);
+  tjDestroy(handle);
+  return v;
+}
+
+std::vector<uint8_t> photo_rgb(int w, int h, uint64_t seed) {
+  JpegDecoder d;
+  auto jpeg = make_photo_jpeg(w, h, seed);
+  DecodedImage img = d.decode(jpeg.data(), jpeg.size());
+  std::vector<uint8_t> rgb;
+  for (int y = 0; y < img.height; ++y) {
+    rgb.insert(rgb.end(), img.pixels + y * img.stride, img.pixels + y * img.stride + 3 * img.width);
+  }
+  return rgb;
+}
+
+double mean_abs_diff(const DecodedImage& img, const Reference& ref, int ref_x, int ref_y) {
+  double sum = 0;
+  for (int y = 0; y < img.height; ++y) {
+    for (int x = 0; x < img.width * 3; ++x) {
+      int a = img.pixels[y * img.stride + x];
+      int b = ref.pixels[(static_cast<size_t>(ref_y + y) * ref.width + ref_x) * 3 + x];
+      sum += std::abs(a - b);
+    }
+  }
+  return sum / (img.width * img.height * 3.0);
+}
+
+TEST(JpegDecoder, FullDecodeEqualsTurboJpeg) {
+  auto jpeg = make_photo_jpeg(500, 375, 7);
+  JpegDecoder d;
+  JpegHeader header = d.read_header(jpeg.data(), jpeg.size());
+  EXPECT_EQ(header.width, 500);
+  EXPECT_EQ(header.height, 375);
+  EXPECT_EQ(header.color_space, "ycbcr");
+  DecodedImage img = d.decode(jpeg.data(), jpeg.size());
+  ASSERT_EQ(img.width, 500);
+  ASSERT_EQ(img.height, 375);
+  EXPECT_EQ(img.scale, 8);
+  EXPECT_EQ(mean_abs_diff(img, tj_decode(jpeg), 0, 0), 0.0);
+}
+
+TEST(JpegDecoder, PhotoLikeImagesAreAsLargeAsPhotos) {
+  // ImageNet averages about 110 kB at 500x375; the generator must not produce smooth images.
+  size_t total = 0;
+  for (uint64_t s = 0; s < 8; ++s) total += make_photo_jpeg(500, 375, s).size();
+  EXPECT_GT(total / 8, 70'000u);
+  EXPECT_LT(total / 8, 200'000u);
+}
+
+TEST(JpegDecoder, RegionDecodeMatchesTheSameRegionOfAFullDecode) {
+  auto jpeg = make_photo_jpeg(500, 375, 11);
+  Reference full = tj_decode(jpeg);
+  JpegDecoder d;
+  DecodedImage img = d.decode_region(jpeg.data(), jpeg.size(), 123, 77, 211, 150, 211, 150);
+  EXPECT_EQ(img.scale, 8);
+  ASSERT_EQ(img.width, 211);
+  ASSERT_EQ(img.height, 150);
+  EXPECT_LT(mean_abs_diff(img, full, 123, 77), 0.5);
+}
+
+TEST(JpegDecoder, ScaledDecodePicksTheSmallestScaleThatCoversTheOutput) {
+  auto jpeg = make_photo_jpeg(480, 360, 13);
+  JpegDecoder d;
+  // A 224 output from the full 480x360 image: 360*5/8 = 225 >= 224, 4/8 gives 180 < 224.
+  DecodedImage img = d.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 224, 224);
+  EXPECT_EQ(img.scale, 5);
+  EXPECT_EQ(img.width, 300);
+  EXPECT_EQ(img.height, 225);
+  // Half scale equals TurboJPEG's own half-scale decode.
+  DecodedImage half = d.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 240, 180);
+  EXPECT_EQ(half.scale, 4);
+  Reference ref = tj_decode(jpeg, TJPF_RGB, 240);
+  ASSERT_EQ(ref.width, 240);
+  EXPECT_EQ(mean_abs_diff(half, ref, 0, 0), 0.0);
+}
+
+TEST(JpegDecoder, DecodesProgressiveGrayscaleAndSubsamplingVariants) {
+  const int w = 96, h = 64;
+  auto rgb = photo_rgb(w, h, 5);
+  struct Variant {
+    const char* name;
+    int subsampling;
+    int flags;
+  };
+  for (Variant v : {Variant{"progressive", TJSAMP_420, TJFLAG_PROGRESSIVE},
+                    Variant{"444", TJSAMP_444, 0}, Variant{"422", TJSAMP_422, 0},
+                    Variant{"gray", TJSAMP_GRAY, 0}}) {
+    SCOPED_TRACE(v.name);
+    auto jpeg = tj_encode(rgb, w, h, TJPF_RGB, v.subsampling, v.flags);
+    JpegDecoder d;
+    DecodedImage img = d.decode(jpeg.data(), jpeg.size());
+    ASSERT_EQ(img.width, w);
+    ASSERT_EQ(img.height, h);
+    EXPECT_EQ(mean_abs_diff(img, tj_decode(jpeg), 0, 0), 0.0);
+    if (v.subsampling == TJSAMP_GRAY) {
+      EXPECT_EQ(d.read_header(jpeg.data(), jpeg.size()).color_space, "gray");
+      for (int i = 0; i < w * 3; i += 3) {  // expanded to three equal channels
+        EXPECT_EQ(img.pixels[i], img.pixels[i + 1]);
+        EXPECT_EQ(img.pixels[i], img.pixels[i + 2]);
+      }
+    }
+  }
+}
+
+TEST(JpegDecoder, ConvertsCmykAndYcckToRgb) {
+  const int w = 32, h = 16;
+  // Adobe-style (inverted) CMYK: left half white (no ink), right half pure cyan.
+  std::vector<uint8_t> cmyk(static_cast<size_t>(w) * h * 4);
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      uint8_t* p = &cmyk[(static_cast<size_t>(y) * w + x) * 4];
+      p[0] = x < w / 2 ? 255 : 0;  // inverted: 255 = no cyan
+      p[1] = 255;
+      p[2] = 255;
+      p[3] = 255;  // no black
+    }
+  }
+  auto ycck = tj_encode(cmyk, w, h, TJPF_CMYK, TJSAMP_444, 0);
+  JpegDecoder d;
+  EXPECT_EQ(d.read_header(ycck.data(), ycck.size()).color_space, "ycck");
+  DecodedImage img = d.decode(ycck.data(), ycck.size());
+  ASSERT_EQ(img.width, w);
+  auto px = [&](int x, int y, int c) { return static_cast<int>(img.pixels[y * img.stride + 3 * x + c]); };
+  EXPECT_NEAR(px(2, 8, 0), 255, 6);
+  EXPECT_NEAR(px(2, 8, 1), 255, 6);
+  EXPECT_NEAR(px(2, 8, 2), 255, 6);
+  EXPECT_NEAR(px(w - 3, 8, 0), 0, 6);  // cyan: no red
+  EXPECT_NEAR(px(w - 3, 8, 1), 255, 6);
+  EXPECT_NEAR(px(w - 3, 8, 2), 255, 6);
+}
+
+TEST(JpegDecoder, TruncatedDataIsAnErrorNotAGreyImage) {
+  auto jpeg = make_photo_jpeg(200, 150, 3);
+  jpeg.resize(jpeg.size() * 6 / 10);
+  JpegDecoder d;
+  try {
+    d.decode(jpeg.data(), jpeg.size());
+    ADD_FAILURE() << "truncated JPEG decoded without error";
+  } catch (const JpegError& e) {
+    EXPECT_NE(std::string(e.what()).find("JPEG"), std::string::npos) << e.what();
+  }
+  // The decoder is still usable afterwards.
+  auto good = make_photo_jpeg(40, 30, 4);
+  EXPECT_EQ(d.decode(good.data(), good.size()).width, 40);
+}
+
+TEST(JpegDecoder, GarbageAndEmptyInputThrow) {
+  JpegDecoder d;
+  std::vector<uint8_t> garbage(1000, 0x42);
+  EXPECT_THROW(d.decode(garbage.data(), garbage.size()), JpegError);
+  EXPECT_THROW(d.decode(garbage.data(), 0), JpegError);
+  std::vector<uint8_t> png = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n', 0, 0, 0, 13};
+  EXPECT_THROW(d.read_header(png.data(), png.size()), JpegError);
+}
+
+TEST(JpegDecoder, HugeImagesAreRejectedBeforeAllocation) {
+  auto jpeg = make_photo_jpeg(64, 48, 1);
+  // Patch the SOF0 frame header to claim 40000 x 30000 pixels.
+  for (size_t i = 0; i + 8 < jpeg.size(); ++i) {
+    if (jpeg[i] == 0xFF && jpeg[i + 1] == 0xC0) {
+      jpeg[i + 5] = 30000 >> 8;
+      jpeg[i + 6] = 30000 & 0xFF;
+      jpeg[i + 7] = 40000 >> 8;
+      jpeg[i + 8] = 40000 & 0xFF;
+      break;
+    }
+  }
+  JpegDecoder d;
+  try {
+    d.decode(jpeg.data(), jpeg.size());
+    ADD_FAILURE() << "a 1.2 gigapixel image was accepted";
+  } catch (const JpegError& e) {
+    EXPECT_NE(std::string(e.what()).find("exceeds the limit"), std::string::npos) << e.what();
+  }
+  JpegDecoder strict(DecodeLimits{1000});
+  auto small = make_photo_jpeg(64, 48, 1);
+  EXPECT_THROW(strict.decode(small.data(), small.size()), JpegError);
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,434 @@
+// The engine's promises: exactly-once delivery, ordering, determinism, lifecycle, errors,
+// timeouts, slot-reuse safety and bounded memory.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <numeric>
+
+#include "test_support.h"
+
+namespace conveyor {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::finishes_within;
+using testing::IndexSource;
+using testing::LateCopyEngine;
+
+std::vector<int64_t> values(const Batch& b) {
+  at::Tensor v = b.field("value");
+  return std::vector<int64_t>(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + v.numel());
+}
+
+struct Combo {
+  size_t n, batch, workers;
+  bool drop_last, ordered;
+};
+
+TEST(Loader, EveryIndexExactlyOncePerEpochAcrossCombinations) {
+  const std::vector<Combo> combos = {
+      {1, 1, 1, false, true},    {7, 3, 2, false, true},   {7, 3, 2, true, true},
+      {64, 8, 8, false, false},  {100, 7, 8, true, false}, {100, 7, 1, false, true},
+      {257, 32, 2, false, false}, {33, 64, 8, false, true}, {33, 64, 2, true, true},
+      {1000, 10, 8, false, true},
+  };
+  for (const Combo& c : combos) {
+    SCOPED_TRACE("n=" + std::to_string(c.n) + " batch=" + std::to_string(c.batch) +
+                 " workers=" + std::to_string(c.workers) + " drop_last=" +
+                 std::to_string(c.drop_last) + " ordered=" + std::to_string(c.ordered));
+    LoaderOptions o;
+    o.batch_size = c.batch;
+    o.workers = c.workers;
+    o.drop_last = c.drop_last;
+    o.enforce_ordering = c.ordered;
+    DataLoader loader(std::make_shared<IndexSource>(c.n), o, RandomSampler::make(3));
+    const size_t expected = c.drop_last ? (c.n / c.batch) * c.batch : c.n;
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      std::vector<int> seen(c.n, 0);
+      size_t batches = 0, previous_sequence = 0, total = 0;
+      for (Batch& b : loader) {
+        if (c.ordered && batches > 0) {
+          EXPECT_EQ(b.sequence, previous_sequence + 1);
+        }
+        previous_sequence = b.sequence;
+        ++batches;
+        if (c.drop_last) {
+          EXPECT_EQ(b.size(), c.batch);
+        }
+        EXPECT_EQ(b.field("value").size(0), static_cast<int64_t>(b.size()));
+        for (int64_t v : values(b)) {
+          ASSERT_GE(v, 0);
+          ASSERT_LT(v, static_cast<int64_t>(c.n));
+          ++seen[static_cast<size_t>(v)];
+          ++total;
+        }
+        EXPECT_EQ(values(b), std::vector<int64_t>(b.indices.begin(), b.indices.end()));
+      }
+      EXPECT_EQ(batches, loader.batches_per_epoch());
+      EXPECT_EQ(total, expected);
+      EXPECT_EQ(static_cast<size_t>(std::count(seen.begin(), seen.end(), 1)), expected);
+      EXPECT_EQ(std::count_if(seen.begin(), seen.end(), [](int s) { return s > 1; }), 0);
+    }
+  }
+}
+
+std::vector<int64_t> epoch_order(size_t workers, uint64_t epoch_count) {
+  LoaderOptions o;
+  o.batch_size = 5;
+  o.workers = workers;
+  DataLoader loader(std::make_shared<IndexSource>(103), o, RandomSampler::make(42));
+  std::vector<int64_t> order;
+  for (uint64_t e = 0; e < epoch_count; ++e) {
+    order.clear();
+    for (Batch& b : loader) {
+      auto v = values(b);
+      order.insert(order.end(), v.begin(), v.end());
+    }
+  }
+  return order;
+}
+
+TEST(Loader, SameSeedAndEpochGiveTheSameOrderWithOneOrEightWorkers) {
+  auto one = epoch_order(1, 1);
+  auto eight = epoch_order(8, 1);
+  EXPECT_EQ(one, eight);
+  auto second_epoch = epoch_order(8, 2);
+  EXPECT_NE(one, second_epoch) << "epochs must be shuffled differently";
+  std::vector<int64_t> sorted = second_epoch;
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<int64_t> all(103);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(sorted, all);
+}
+
+TEST(Loader, SequentialSamplerIsInOrder) {
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 3;
+  DataLoader loader(std::make_shared<IndexSource>(10), o);
+  std::vector<int64_t> order;
+  for (Batch& b : loader) {
+    auto v = values(b);
+    order.insert(order.end(), v.begin(), v.end());
+  }
+  std::vector<int64_t> all(10);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(order, all);
+}
+
+TEST(Samplers, DistributedSamplerMatchesPyTorchSemantics) {
+  // n=10, world 3, no shuffle: padded to 12 with indices 0,1; rank r takes r, r+3, ...
+  std::vector<size_t> out;
+  DistributedSampler(0, 3, false).indices(10, 0, out);
+  EXPECT_EQ(out, (std::vector<size_t>{0, 3, 6, 9}));
+  DistributedSampler(1, 3, false).indices(10, 0, out);
+  EXPECT_EQ(out, (std::vector<size_t>{1, 4, 7, 0}));
+  DistributedSampler(2, 3, false).indices(10, 0, out);
+  EXPECT_EQ(out, (std::vector<size_t>{2, 5, 8, 1}));
+  DistributedSampler(2, 3, false, 0, /*drop_last=*/true).indices(10, 0, out);
+  EXPECT_EQ(out, (std::vector<size_t>{2, 5, 8}));
+  // Shuffled: ranks are disjoint and together cover everything; epochs differ.
+  std::multiset<size_t> all;
+  for (size_t r = 0; r < 4; ++r) {
+    DistributedSampler(r, 4, true, 7).indices(100, 3, out);
+    EXPECT_EQ(out.size(), 25u);
+    all.insert(out.begin(), out.end());
+  }
+  EXPECT_EQ(all.size(), 100u);
+  EXPECT_EQ(std::set<size_t>(all.begin(), all.end()).size(), 100u);
+  std::vector<size_t> e0, e1;
+  DistributedSampler(0, 4, true, 7).indices(100, 0, e0);
+  DistributedSampler(0, 4, true, 7).indices(100, 1, e1);
+  EXPECT_NE(e0, e1);
+  EXPECT_THROW(DistributedSampler(4, 4), std::invalid_argument);
+}
+
+TEST(Loader, BreakingOutEarlyThenANewEpochDeliversTheWholeEpoch) {
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  auto source = std::make_shared<IndexSource>(40);
+  source->delay = 200us;
+  DataLoader loader(source, o, RandomSampler::make(1));
+  finishes_within(20s, "early break", [&] {
+    for (int round = 0; round < 5; ++round) {
+      size_t taken = 0;
+      for (Batch& b : loader) {
+        (void)b;
+        if (++taken == 2) break;
+      }
+      EXPECT_EQ(taken, 2u);
+    }
+    std::set<int64_t> seen;
+    size_t total = 0;
+    for (Batch& b : loader) {
+      for (int64_t v : values(b)) seen.insert(v), ++total;
+    }
+    EXPECT_EQ(total, 40u);
+    EXPECT_EQ(seen.size(), 40u);
+    EXPECT_EQ(loader.epoch(), 5u);
+  });
+}
+
+TEST(Loader, DestroyingMidEpochReturnsPromptly) {
+  for (size_t workers : {1, 2, 8}) {
+    auto source = std::make_shared<IndexSource>(10000);
+    source->delay = 1ms;
+    finishes_within(10s, "destroy mid-epoch", [&] {
+      LoaderOptions o;
+      o.batch_size = 16;
+      o.workers = workers;
+      auto loader = std::make_unique<DataLoader>(source, o);
+      auto it = loader->begin();
+      ++it;
+      auto start = std::chrono::steady_clock::now();
+      loader.reset();
+      EXPECT_LT(std::chrono::steady_clock::now() - start, 2s);
+    });
+  }
+}
+
+TEST(Loader, BatchesHeldByTheUserOutliveTheLoader) {
+  std::optional<Batch> kept;
+  {
+    LoaderOptions o;
+    o.batch_size = 3;
+    o.workers = 2;
+    DataLoader loader(std::make_shared<IndexSource>(9), o);
+    kept = loader.next();
+  }
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(values(*kept), (std::vector<int64_t>{0, 1, 2}));
+}
+
+TEST(Loader, WorkerExceptionNamesTheSampleAndKeepsTheOriginal) {
+  auto source = std::make_shared<IndexSource>(20);
+  source->fail_at = {13};
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  DataLoader loader(source, o);
+  size_t delivered = 0;
+  bool thrown = false;
+  while (true) {
+    try {
+      auto b = loader.next();
+      if (!b) break;
+      ++delivered;
+    } catch (const SampleError& e) {
+      thrown = true;
+      EXPECT_EQ(e.index(), 13u);
+      EXPECT_EQ(e.path(), "/data/item_13.bin");
+      std::string what = e.what();
+      EXPECT_NE(what.find("sample 13"), std::string::npos) << what;
+      EXPECT_NE(what.find("/data/item_13.bin"), std::string::npos) << what;
+      EXPECT_NE(what.find("synthetic failure in user dataset"), std::string::npos) << what;
+      EXPECT_THROW(e.rethrow_original(), std::runtime_error);
+    }
+  }
+  EXPECT_TRUE(thrown);
+  EXPECT_EQ(delivered, 4u);  // the other batches still arrive
+  EXPECT_EQ(loader.stats().errors, 1u);
+}
+
+TEST(Loader, SkipPolicyReplacesAndCountsFailedSamples) {
+  auto source = std::make_shared<IndexSource>(20);
+  source->fail_at = {3, 13};
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  o.on_error = ErrorPolicy::kSkip;
+  DataLoader loader(source, o);
+  std::multiset<int64_t> seen;
+  for (Batch& b : loader) {
+    EXPECT_EQ(b.size(), 4u) << "a skipped sample is replaced so the batch stays full";
+    for (int64_t v : values(b)) seen.insert(v);
+  }
+  EXPECT_EQ(seen.count(3), 0u);
+  EXPECT_EQ(seen.count(13), 0u);
+  EXPECT_EQ(seen.size(), 20u);
+  LoaderStats s = loader.stats();
+  EXPECT_EQ(s.skipped, 2u);
+  ASSERT_EQ(s.skipped_samples.size(), 2u);
+  std::set<std::string> paths;
+  for (const auto& k : s.skipped_samples) paths.insert(k.path);
+  EXPECT_EQ(paths, (std::set<std::string>{"/data/item_3.bin", "/data/item_13.bin"}));
+}
+
+TEST(Loader, TimeoutTurnsAStuckWorkerIntoAnError) {
+  auto source = std::make_shared<IndexSource>(8);
+  source->stall_at = {5};
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  o.timeout = 200ms;
+  DataLoader loader(source, o);
+  EXPECT_TRUE(loader.next());
+  try {
+    loader.next();
+    ADD_FAILURE() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("200 ms"), std::string::npos) << e.what();
+  }
+  source->unstall();
+  auto late = loader.next();  // the batch still arrives once the worker is unstuck
+  ASSERT_TRUE(late);
+  EXPECT_EQ(values(*late), (std::vector<int64_t>{4, 5, 6, 7}));
+}
+
+TEST(Loader, NoSlotIsReusedBeforeItsCopyFinished) {
+  auto engine = std::make_unique<LateCopyEngine>(15ms);
+  LateCopyEngine* probe = engine.get();
+  LoaderOptions o;
+  o.batch_size = 8;
+  o.workers = 4;
+  o.slots = 3;  // few slots and slow copies: workers keep waiting for slots
+  o.prefetch_factor = 2;
+  DataLoader loader(std::make_shared<IndexSource>(400), o, nullptr, std::move(engine));
+  size_t total = 0;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int64_t> expected(8);
+    size_t batch = 0;
+    for (Batch& b : loader) {
+      std::iota(expected.begin(), expected.end(), static_cast<int64_t>(batch * 8));
+      EXPECT_EQ(values(b), expected) << "batch " << batch;
+      ++batch;
+      total += b.size();
+    }
+    EXPECT_EQ(batch, 50u);
+  }
+  EXPECT_EQ(total, 800u);
+  EXPECT_EQ(probe->overwritten.load(), 0u);
+  EXPECT_GE(probe->copies.load(), 100u);
+}
+
+TEST(Loader, RingMemoryIsConstantAcrossFiftyEpochs) {
+  LoaderOptions o;
+  o.batch_size = 16;
+  o.workers = 2;
+  DataLoader loader(std::make_shared<testing::IndexSource>(64), o, RandomSampler::make(0));
+  const size_t bytes = loader.pinned_bytes();
+  EXPECT_GT(bytes, 0u);
+  for (int e = 0; e < 50; ++e) {
+    for (Batch& b : loader) (void)b;
+    ASSERT_EQ(loader.pinned_bytes(), bytes);
+  }
+  auto states = loader.stats().slot_states;
+  // Nothing held by the user after the loop, so no slot is stuck in a non-free state but the
+  // ones idle workers hold while they wait for the next epoch.
+  EXPECT_EQ(states[static_cast<size_t>(SlotState::kReady)], 0u);
+  EXPECT_EQ(states[static_cast<size_t>(SlotState::kCopying)], 0u);
+}
+
+TEST(Loader, UserHoldingEveryBatchDoesNotDeadlock) {
+  LoaderOptions o;
+  o.batch_size = 2;
+  o.workers = 2;
+  o.slots = 3;
+  DataLoader loader(std::make_shared<IndexSource>(40), o);
+  std::vector<Batch> kept;
+  finishes_within(10s, "hoarding consumer", [&] {
+    for (Batch& b : loader) kept.push_back(b);
+  });
+  ASSERT_EQ(kept.size(), 20u);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    EXPECT_EQ(values(kept[i]), (std::vector<int64_t>{static_cast<int64_t>(2 * i),
+                                                     static_cast<int64_t>(2 * i + 1)}));
+  }
+}
+
+TEST(Loader, ZeroCopyBatchesViewTheRingAndReleaseTheirSlot) {
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 1;
+  o.slots = 4;
+  DataLoader loader(std::make_shared<IndexSource>(16), o);
+  auto b = loader.next();
+  ASSERT_TRUE(b);
+  EXPECT_TRUE(b->fields[0].is_cpu());
+  auto states = loader.stats().slot_states;
+  EXPECT_GE(states[static_cast<size_t>(SlotState::kReady)], 1u) << "held batch keeps its slot";
+  b.reset();
+  while (loader.next()) {
+  }  // the rest of the epoch flows through the released slots
+  EXPECT_EQ(loader.stats().batches, 4u);
+}
+
+TEST(Loader, ReportsTheCpuPathWithoutAGpu) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+  LoaderOptions o;
+  o.workers = 1;
+  DataLoader loader(std::make_shared<IndexSource>(4), o);
+  EXPECT_FALSE(loader.is_pinned());
+  EXPECT_NE(loader.mode().find("CPU only"), std::string::npos) << loader.mode();
+  LoaderOptions gpu = o;
+  gpu.device = c10::Device("cuda:0");
+  try {
+    DataLoader bad(std::make_shared<IndexSource>(4), gpu);
+    ADD_FAILURE() << "a CUDA device without a GPU must be refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Loader, IteratorMisuseIsAnError) {
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 1;
+  DataLoader loader(std::make_shared<IndexSource>(4), o);
+  auto it = loader.begin();
+  EXPECT_NE(it, loader.end());
+  ++it;
+  EXPECT_EQ(it, loader.end());
+  EXPECT_THROW(*it, std::out_of_range);
+  EXPECT_THROW(++it, std::out_of_range);
+  auto old = loader.begin();
+  auto fresh = loader.begin();
+  EXPECT_THROW(*old, std::logic_error);
+  EXPECT_NO_THROW(*fresh);
+  LoaderOptions zero;
+  zero.batch_size = 0;
+  EXPECT_THROW(DataLoader(std::make_shared<IndexSource>(4), zero), std::invalid_argument);
+}
+
+// GPU: these compile everywhere and run where a CUDA device is present.
+TEST(LoaderGpu, BatchesOnCudaEqualTheCpuResult) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  LoaderOptions o;
+  o.batch_size = 16;
+  o.workers = 4;
+  DataLoader cpu(std::make_shared<IndexSource>(200), o, RandomSampler::make(9));
+  o.device = c10::Device("cuda:0");
+  DataLoader gpu(std::make_shared<IndexSource>(200), o, RandomSampler::make(9));
+  EXPECT_TRUE(gpu.is_pinned());
+  auto a = cpu.begin();
+  auto b = gpu.begin();
+  for (; a != cpu.end(); ++a, ++b) {
+    ASSERT_NE(b, gpu.end());
+    EXPECT_TRUE(b->fields[0].is_cuda());
+    EXPECT_TRUE(at::equal(a->fields[0], b->fields[0].cpu()));
+  }
+  EXPECT_EQ(b, gpu.end());
+}
+
+TEST(LoaderGpu, ConsumerStreamIsOrderedAfterTheCopy) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  LoaderOptions o;
+  o.batch_size = 64;
+  o.workers = 2;
+  o.device = c10::Device("cuda:0");
+  auto source = std::make_shared<PatternSource>(512, 1 << 20);  // 1 MiB samples: slow copies
+  DataLoader loader(source, o);
+  size_t batch = 0;
+  for (Batch& b : loader) {
+    // Read on the consumer's current stream right away: must see the copied bytes.
+    at::Tensor row = b.images()[0].cpu();
+    EXPECT_EQ(row[7].item<uint8_t>(), PatternSource::pattern_byte(batch * 64, 7));
+    ++batch;
+  }
+  EXPECT_EQ(batch, 8u);
+}
+
+}  // namespace
+}  // namespace conveyor

@@ -1,0 +1,214 @@
+// Test support: temporary folders, small generated datasets, and sources and copy engines that
+// misbehave on purpose (throwing, slow, late copies).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unistd.h>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "conveyor/conveyor.h"
+
+namespace conveyor::testing {
+
+// A fresh folder under the system temp dir, removed on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::random_device rd;
+    path_ = std::filesystem::temp_directory_path() /
+            ("conveyor-test-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& p) const { return path_ / p; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+inline void write_bytes(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+}
+
+// Writes a small ImageFolder: `per_class` photo-like JPEGs of w x h in each class.
+inline void make_small_folder(const std::filesystem::path& root,
+                              const std::vector<std::string>& classes, size_t per_class,
+                              int w = 64, int h = 48) {
+  uint64_t seed = 1;
+  for (const auto& c : classes) {
+    for (size_t i = 0; i < per_class; ++i) {
+      write_bytes(root / c / ("img" + std::to_string(i) + ".jpg"), make_photo_jpeg(w, h, seed++));
+    }
+  }
+}
+
+// A source whose samples are their index (an int64 field), optionally failing or slow at chosen
+// indices. Counts concurrent calls to check the worker count.
+class IndexSource : public SampleSource {
+ public:
+  explicit IndexSource(size_t n) : n_(n) {}
+  size_t size() const override { return n_; }
+  std::vector<FieldSpec> fields() const override {
+    return {{"value", c10::ScalarType::Long, {}}, {"label", c10::ScalarType::Long, {}}};
+  }
+  void write_sample(const SampleContext& ctx, std::byte* const* fields) override {
+    calls.fetch_add(1);
+    if (fail_at.count(ctx.index)) throw std::runtime_error("synthetic failure in user dataset");
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    if (stall_at.count(ctx.index)) {
+      std::unique_lock<std::mutex> lock(stall_mutex);
+      stall_cv.wait_for(lock, std::chrono::seconds(30), [&] { return release_stall; });
+    }
+    auto v = static_cast<int64_t>(ctx.index);
+    std::memcpy(fields[0], &v, sizeof v);
+    std::memcpy(fields[1], &v, sizeof v);
+  }
+  std::string describe(size_t index) const override {
+    return "/data/item_" + std::to_string(index) + ".bin";
+  }
+  void unstall() {
+    {
+      std::lock_guard<std::mutex> lock(stall_mutex);
+      release_stall = true;
+    }
+    stall_cv.notify_all();
+  }
+
+  std::set<size_t> fail_at;
+  std::set<size_t> stall_at;
+  std::chrono::microseconds delay{0};
+  std::atomic<uint64_t> calls{0};
+
+ private:
+  size_t n_;
+  std::mutex stall_mutex;
+  std::condition_variable stall_cv;
+  bool release_stall = false;
+};
+
+// A test double of the CUDA copy stage: copies on its own thread, each finishing `latency` after
+// it was started, into CPU tensors. It checks that the source bytes are unchanged between start
+// and finish, which fails if the loader reused a slot while its copy was still reading it.
+class LateCopyEngine : public CopyEngine {
+ public:
+  explicit LateCopyEngine(std::chrono::milliseconds latency) : latency_(latency) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~LateCopyEngine() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, void*,
+                                std::function<void()> on_finished) override {
+    Job job;
+    job.due = std::chrono::steady_clock::now() + latency_;
+    job.host = host;
+    for (const auto& h : host) {
+      job.device.push_back(at::empty(h.sizes(), h.options()));
+      job.snapshot.push_back(h.clone());  // what the slot held when the copy started
+    }
+    job.on_finished = std::move(on_finished);
+    job.done = std::make_shared<std::promise<void>>();
+    std::vector<at::Tensor> out = job.device;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_[out[0].data_ptr()] = job.done->get_future().share();
+      queue_.push_back(std::move(job));
+    }
+    cv_.notify_all();
+    return out;
+  }
+  void make_visible(std::vector<at::Tensor>& device, void*) override {
+    std::shared_future<void> done;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done = pending_.at(device[0].data_ptr());
+      pending_.erase(device[0].data_ptr());
+    }
+    done.wait();
+  }
+  c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
+
+  std::atomic<uint64_t> copies{0};
+  std::atomic<uint64_t> overwritten{0};  // slots changed while their copy was in flight
+
+ private:
+  struct Job {
+    std::chrono::steady_clock::time_point due;
+    std::vector<at::Tensor> host, device, snapshot;
+    std::function<void()> on_finished;
+    std::shared_ptr<std::promise<void>> done;
+  };
+  void run() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::this_thread::sleep_until(job.due);
+      for (size_t i = 0; i < job.host.size(); ++i) {
+        if (!job.host[i].equal(job.snapshot[i])) overwritten.fetch_add(1);
+        job.device[i].copy_(job.host[i]);
+      }
+      copies.fetch_add(1);
+      job.done->set_value();
+      job.on_finished();
+    }
+  }
+  std::chrono::milliseconds latency_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  std::map<void*, std::shared_future<void>> pending_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Runs `body` on another thread; if it has not finished within `limit` (a deadlock), the whole
+// test program aborts with a message, so a hang becomes a failure instead of a stuck CI run.
+inline void finishes_within(std::chrono::milliseconds limit, const char* what,
+                            std::function<void()> body) {
+  auto task = std::async(std::launch::async, std::move(body));
+  if (task.wait_for(limit) != std::future_status::ready) {
+    std::fprintf(stderr, "watchdog: '%s' did not finish within %lld ms (deadlock?)\n", what,
+                 static_cast<long long>(limit.count()));
+    std::abort();
+  }
+  task.get();  // rethrows what the body threw
+}
+
+}  // namespace conveyor::testing
