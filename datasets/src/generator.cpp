@@ -77,7 +77,7 @@ std::vector<uint8_t> make_photo_jpeg(int width, int height, uint64_t seed, int q
   cv::resize(coarse, texture, img.size(), 0, 0, cv::INTER_CUBIC);
   // Per-pixel sensor-like noise.
   cv::Mat noise(img.size(), CV_32FC3);
-  cvrng.fill(noise, cv::RNG::NORMAL, 0.0, rng.uniform(5.0, 9.0));
+  cvrng.fill(noise, cv::RNG::NORMAL, 0.0, rng.uniform(16.0, 21.0));
   cv::Mat f;
   img.convertTo(f, CV_32FC3);
   f += texture + noise;

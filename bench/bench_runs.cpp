@@ -1,0 +1,168 @@
+#include "bench_runs.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <turbojpeg.h>
+
+#include <ATen/ATen.h>
+
+#include "conveyor/conveyor.h"
+
+namespace conveyor::bench {
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+Progress::Progress(const std::string& name, uint64_t total, bool enabled)
+    : name_(name), total_(total), enabled_(enabled), start_(now_seconds()) {}
+
+void Progress::update(uint64_t done) {
+  if (!enabled_) return;
+  double t = now_seconds();
+  if (t - last_ < 0.25 && done < total_) return;
+  last_ = t;
+  double rate = done / std::max(1e-9, t - start_);
+  double eta = rate > 0 ? (total_ - std::min(done, total_)) / rate : 0;
+  std::fprintf(stderr, "\r%-12s %8llu/%llu images  %8.1f images/s  ETA %5.1f s ", name_.c_str(),
+               static_cast<unsigned long long>(done), static_cast<unsigned long long>(total_), rate,
+               eta);
+}
+
+void Progress::finish() {
+  if (enabled_) std::fprintf(stderr, "\r%100s\r", "");
+}
+
+namespace {
+
+c10::Device parse_device(const std::string& d) { return c10::Device(d); }
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t i = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  return v[std::min(i, v.size() - 1)];
+}
+
+}  // namespace
+
+RunResult run_conveyor(const BenchConfig& config) {
+  ImageTransform transform = ImageTransform::train(config.crop);
+  std::shared_ptr<ImageSource> source = ImageSource::image_folder(config.data, transform);
+  LoaderOptions o;
+  o.batch_size = config.batch_size;
+  o.workers = config.workers;
+  o.device = parse_device(config.device);
+  o.on_error = config.skip ? ErrorPolicy::kSkip : ErrorPolicy::kRaise;
+  DataLoader loader(source, o, RandomSampler::make(0));
+  RunResult r;
+  r.name = "conveyor";
+  r.device = o.device.str();
+  r.mode = loader.mode();
+  r.pinned_bytes = loader.pinned_bytes();
+  Progress progress("conveyor", source->size() * config.epochs, config.progress);
+  std::vector<double> intervals;
+  const double t0 = now_seconds();
+  double last = t0;
+  for (size_t e = 0; e < config.epochs; ++e) {
+    for (Batch& b : loader) {
+      r.images += b.size();
+      double t = now_seconds();
+      intervals.push_back((t - last) * 1000.0);
+      last = t;
+      progress.update(r.images);
+    }
+  }
+  if (o.device.is_cuda()) {
+    // Include the last copies in the time: wait until the device has every batch.
+    at::Tensor probe = at::zeros({1}, at::TensorOptions().device(o.device));
+    (void)probe.cpu();
+  }
+  r.seconds = now_seconds() - t0;
+  progress.finish();
+  r.images_per_s = r.images / r.seconds;
+  LoaderStats s = loader.stats();
+  r.errors = s.errors;
+  r.skipped = s.skipped;
+  r.wait_fraction = s.wait_seconds / r.seconds;
+  r.p50_ms = percentile(intervals, 0.5);
+  r.p99_ms = percentile(intervals, 0.99);
+  std::vector<uint64_t> h = source->scale_histogram();
+  uint64_t total = 0;
+  for (uint64_t v : h) total += v;
+  for (int m = 1; m <= 8; ++m) {
+    if (h[static_cast<size_t>(m)] > 0) {
+      r.scale_shares.emplace_back(m, static_cast<double>(h[static_cast<size_t>(m)]) / total);
+    }
+  }
+  r.extra["fill_seconds"] = s.fill_seconds;
+  return r;
+}
+
+namespace {
+
+// The decode ceiling: plain full-size libjpeg-turbo decodes of the same files on the same number
+// of threads, with no loader, no crop, no resize.
+RunResult run_ceiling(const BenchConfig& config) {
+  auto source = ImageSource::image_folder(config.data, ImageTransform::train(config.crop));
+  const auto& items = source->items();
+  const uint64_t total = items.size() * config.epochs;
+  std::atomic<uint64_t> next{0}, done{0}, errors{0};
+  Progress progress("ceiling", total, config.progress);
+  const double t0 = now_seconds();
+  {
+    std::vector<std::jthread> threads;
+    for (size_t w = 0; w < config.workers; ++w) {
+      threads.emplace_back([&] {
+        tjhandle handle = tjInitDecompress();
+        std::vector<uint8_t> file, pixels;
+        for (uint64_t i = next++; i < total; i = next++) {
+          try {
+            read_file(items[i % items.size()].path, file);
+            int width = 0, height = 0, sub = 0, cs = 0;
+            if (tjDecompressHeader3(handle, file.data(), file.size(), &width, &height, &sub, &cs) !=
+                0) {
+              throw std::runtime_error(tjGetErrorStr2(handle));
+            }
+            pixels.resize(static_cast<size_t>(width) * height * 3);
+            if (tjDecompress2(handle, file.data(), file.size(), pixels.data(), width, 0, height,
+                              TJPF_RGB, 0) != 0) {
+              throw std::runtime_error(tjGetErrorStr2(handle));
+            }
+          } catch (const std::exception&) {
+            errors++;
+          }
+          done++;
+        }
+        tjDestroy(handle);
+      });
+    }
+    while (done.load() < total && config.progress) {
+      progress.update(done.load());
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  }
+  RunResult r;
+  r.name = "ceiling";
+  r.images = total;
+  r.seconds = now_seconds() - t0;
+  r.images_per_s = total / r.seconds;
+  r.errors = errors;
+  progress.finish();
+  return r;
+}
+
+}  // namespace
+
+RunResult run_torch_loader(const std::string& name, const BenchConfig& config);
+
+RunResult run_reference(const std::string& name, const BenchConfig& config) {
+  if (name == "ceiling") return run_ceiling(config);
+  return run_torch_loader(name, config);
+}
+
+}  // namespace conveyor::bench

@@ -1,0 +1,62 @@
+// The runs conveyor-bench times: Conveyor itself and the references it is compared against.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace conveyor::bench {
+
+struct BenchConfig {
+  std::string data;
+  size_t batch_size = 256;
+  size_t workers = 1;
+  size_t epochs = 2;
+  int crop = 224;
+  std::string device;  // "cpu", "cuda", "cuda:1"
+  std::vector<std::string> compare;
+  bool skip = false;
+  std::string json;
+  bool progress = false;
+};
+
+struct RunResult {
+  std::string name;
+  std::string device;
+  std::string mode;
+  uint64_t images = 0;
+  double seconds = 0;
+  double images_per_s = 0;
+  uint64_t errors = 0;
+  uint64_t skipped = 0;
+  uint64_t pinned_bytes = 0;
+  double p50_ms = 0, p99_ms = 0;
+  double wait_fraction = 0;
+  std::vector<std::pair<int, double>> scale_shares;  // DCT numerator -> share of samples
+  std::map<std::string, double> extra;              // GPU figures and the like
+};
+
+RunResult run_conveyor(const BenchConfig& config);
+// "ceiling", "torch", "torch-fused" or "naive".
+RunResult run_reference(const std::string& name, const BenchConfig& config);
+
+// Progress on a terminal: images done, images/s, ETA.
+class Progress {
+ public:
+  Progress(const std::string& name, uint64_t total, bool enabled);
+  void update(uint64_t done);
+  void finish();
+
+ private:
+  std::string name_;
+  uint64_t total_;
+  bool enabled_;
+  double start_;
+  double last_ = 0;
+};
+
+double now_seconds();
+
+}  // namespace conveyor::bench

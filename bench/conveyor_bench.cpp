@@ -1,0 +1,204 @@
+// conveyor-bench: Conveyor's throughput on an image dataset, with reference runs in the same
+// process on the same files and threads, so every figure is a ratio against something real.
+//
+//   conveyor-bench [--data DIR | --generate N] [--batch-size 256] [--workers W] [--epochs 2]
+//                  [--crop 224] [--device cpu|cuda[:i]] [--compare ceiling,...]
+//                  [--on-error raise|skip] [--json FILE]
+//
+// Without --data it generates (once, cached) the photo-like default dataset.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_runs.h"
+#include "conveyor/conveyor.h"
+
+namespace conveyor::bench {
+namespace {
+
+[[noreturn]] void usage(const std::string& error) {
+  if (!error.empty()) std::cerr << "conveyor-bench: " << error << "\n\n";
+  std::cerr <<
+      R"(usage: conveyor-bench [options]
+  --data DIR          ImageFolder to read (default: the generated photo-like dataset)
+  --generate N        generate (once, cached) a photo-like dataset of about N images and use it
+  --batch-size B      images per batch (default 256)
+  --workers W         decoding threads (default: all cores)
+  --epochs E          epochs to time (default 2)
+  --crop S            RandomResizedCrop output size (default 224)
+  --device D          cpu or cuda[:index] (default: cuda if a GPU is usable, else cpu)
+  --compare LIST      reference runs, comma-separated: ceiling, torch, torch-fused, naive, all
+  --on-error P        raise (default) or skip
+  --json FILE         also write the figures as JSON
+)";
+  std::exit(error.empty() ? 0 : 2);
+}
+
+std::string default_cache() {
+  if (const char* c = std::getenv("CONVEYOR_CACHE")) return c;
+  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/conveyor";
+  if (const char* h = std::getenv("HOME")) return std::string(h) + "/.cache/conveyor";
+  return "/tmp/conveyor-cache";
+}
+
+BenchConfig parse(int argc, char** argv) {
+  BenchConfig c;
+  c.workers = std::max(1u, std::thread::hardware_concurrency());
+  c.device = cuda_available() ? "cuda" : "cpu";
+  size_t generate = 1500;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value for " + a);
+      return argv[++i];
+    };
+    auto number = [&](const std::string& v) -> size_t {
+      char* end = nullptr;
+      unsigned long long n = std::strtoull(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n == 0) usage(a + " needs a positive integer");
+      return static_cast<size_t>(n);
+    };
+    if (a == "--help" || a == "-h") usage("");
+    else if (a == "--data") c.data = value();
+    else if (a == "--generate") generate = number(value());
+    else if (a == "--batch-size") c.batch_size = number(value());
+    else if (a == "--workers") c.workers = number(value());
+    else if (a == "--epochs") c.epochs = number(value());
+    else if (a == "--crop") c.crop = static_cast<int>(number(value()));
+    else if (a == "--device") c.device = value();
+    else if (a == "--json") c.json = value();
+    else if (a == "--on-error") {
+      std::string p = value();
+      if (p != "raise" && p != "skip") usage("--on-error takes raise or skip");
+      c.skip = p == "skip";
+    } else if (a == "--compare") {
+      std::stringstream list(value());
+      for (std::string item; std::getline(list, item, ',');) {
+        if (item == "all") {
+          c.compare = {"ceiling", "torch", "torch-fused", "naive"};
+        } else if (item == "ceiling" || item == "torch" || item == "torch-fused" ||
+                   item == "naive") {
+          c.compare.push_back(item);
+        } else {
+          usage("unknown --compare run '" + item + "'");
+        }
+      }
+    } else {
+      usage("unknown option " + a);
+    }
+  }
+  if (c.data.empty()) {
+    GeneratorOptions g;
+    g.classes = 10;
+    g.images_per_class = std::max<size_t>(1, (generate + 9) / 10);
+    c.data = default_cache() + "/datasets/photos-v1-" + std::to_string(g.classes) + "x" +
+             std::to_string(g.images_per_class);
+    std::cerr << "conveyor-bench: dataset " << c.data << "\n";
+    auto t0 = std::chrono::steady_clock::now();
+    GeneratedDataset d = generate_image_folder(c.data, g);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::cerr << "conveyor-bench: " << (d.reused ? "reusing" : "generated") << " " << d.images
+              << " photo-like JPEGs, " << d.bytes / std::max<size_t>(1, d.images) / 1000
+              << " kB average" << (d.reused ? "" : " in " + std::to_string(s) + " s") << "\n";
+  }
+  return c;
+}
+
+void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const RunResult& main) {
+  std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu\n",
+              c.data.c_str(), c.batch_size, c.workers, c.crop, c.epochs);
+  std::printf("mode: %s\n", main.mode.c_str());
+  std::printf("%-14s %12s %10s %12s\n", "run", "images/s", "images", "vs conveyor");
+  for (const auto& r : runs) {
+    std::printf("%-14s %12.1f %10llu %11.2fx\n", r.name.c_str(), r.images_per_s,
+                static_cast<unsigned long long>(r.images),
+                r.images_per_s > 0 ? main.images_per_s / r.images_per_s : 0.0);
+  }
+  std::printf("errors %llu  skipped %llu  consumer waited %.1f%%  p50 %.1f ms  p99 %.1f ms\n",
+              static_cast<unsigned long long>(main.errors),
+              static_cast<unsigned long long>(main.skipped), 100.0 * main.wait_fraction,
+              main.p50_ms, main.p99_ms);
+  if (!main.scale_shares.empty()) {
+    std::printf("DCT scale share:");
+    for (const auto& [m, share] : main.scale_shares) std::printf("  %d/8 %.0f%%", m, 100 * share);
+    std::printf("\n");
+  }
+}
+
+void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const RunResult& main) {
+  std::ofstream out(c.json);
+  if (!out) throw std::runtime_error("cannot write " + c.json);
+  out << "{\n";
+  auto field = [&](const std::string& k, const std::string& v, bool last = false) {
+    out << "  \"" << k << "\": " << v << (last ? "\n" : ",\n");
+  };
+  auto str = [](const std::string& s) {
+    std::string o = "\"";
+    for (char ch : s) {
+      if (ch == '"' || ch == '\\') o += '\\';
+      o += ch;
+    }
+    return o + "\"";
+  };
+  field("data", str(c.data));
+  field("device", str(main.device));
+  field("mode", str(main.mode));
+  field("batch_size", std::to_string(c.batch_size));
+  field("workers", std::to_string(c.workers));
+  field("epochs", std::to_string(c.epochs));
+  field("crop", std::to_string(c.crop));
+  field("images", std::to_string(main.images));
+  field("seconds", std::to_string(main.seconds));
+  field("images_per_s", std::to_string(main.images_per_s));
+  field("errors", std::to_string(main.errors));
+  field("skipped", std::to_string(main.skipped));
+  field("pinned_bytes", std::to_string(main.pinned_bytes));
+  field("p50_batch_ms", std::to_string(main.p50_ms));
+  field("p99_batch_ms", std::to_string(main.p99_ms));
+  field("consumer_wait_fraction", std::to_string(main.wait_fraction));
+  for (const auto& [k, v] : main.extra) field(k, std::to_string(v));
+  for (const auto& [m, share] : main.scale_shares) {
+    field("scale_" + std::to_string(m) + "_share", std::to_string(share));
+  }
+  for (const auto& r : runs) {
+    if (r.name == "conveyor") continue;
+    std::string key = r.name;
+    std::replace(key.begin(), key.end(), '-', '_');
+    field(key + "_images_per_s", std::to_string(r.images_per_s));
+    field(key + "_ratio", std::to_string(r.images_per_s > 0 ? main.images_per_s / r.images_per_s : 0));
+  }
+  field("cuda_available", cuda_available() ? "true" : "false", true);
+  out << "}\n";
+}
+
+}  // namespace
+}  // namespace conveyor::bench
+
+int main(int argc, char** argv) {
+  using namespace conveyor::bench;
+  try {
+    BenchConfig config = parse(argc, argv);
+    config.progress = ::isatty(STDERR_FILENO) != 0;
+    std::vector<RunResult> runs;
+    RunResult main_run = run_conveyor(config);
+    runs.push_back(main_run);
+    for (const auto& name : config.compare) runs.push_back(run_reference(name, config));
+    print_table(config, runs, main_run);
+    if (!config.json.empty()) write_json(config, runs, main_run);
+    return 0;
+  } catch (const std::exception& e) {
+    std::cerr << "conveyor-bench: error: " << e.what() << "\n";
+    return 1;
+  }
+}
