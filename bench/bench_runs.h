@@ -59,4 +59,7 @@ class Progress {
 
 double now_seconds();
 
+// With a CUDA device: h2d_gb_per_s, h2d_peak_gb_per_s and overlap_step_ratio into result.extra.
+void add_gpu_figures(const BenchConfig& config, RunResult& result);
+
 }  // namespace conveyor::bench

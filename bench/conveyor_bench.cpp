@@ -129,6 +129,7 @@ void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const
               static_cast<unsigned long long>(main.errors),
               static_cast<unsigned long long>(main.skipped), 100.0 * main.wait_fraction,
               main.p50_ms, main.p99_ms);
+  for (const auto& [k, v] : main.extra) std::printf("%s %.3f\n", k.c_str(), v);
   if (!main.scale_shares.empty()) {
     std::printf("DCT scale share:");
     for (const auto& [m, share] : main.scale_shares) std::printf("  %d/8 %.0f%%", m, 100 * share);
@@ -192,6 +193,7 @@ int main(int argc, char** argv) {
     config.progress = ::isatty(STDERR_FILENO) != 0;
     std::vector<RunResult> runs;
     RunResult main_run = run_conveyor(config);
+    add_gpu_figures(config, main_run);
     runs.push_back(main_run);
     for (const auto& name : config.compare) runs.push_back(run_reference(name, config));
     print_table(config, runs, main_run);
