@@ -332,6 +332,7 @@ TEST(Loader, UserHoldingEveryBatchDoesNotDeadlock) {
     for (Batch& b : loader) kept.push_back(b);
   });
   ASSERT_EQ(kept.size(), 20u);
+  EXPECT_GT(loader.stats().copies_to_host, 0u) << "with every slot held, batches come as copies";
   for (size_t i = 0; i < kept.size(); ++i) {
     EXPECT_EQ(values(kept[i]), (std::vector<int64_t>{static_cast<int64_t>(2 * i),
                                                      static_cast<int64_t>(2 * i + 1)}));

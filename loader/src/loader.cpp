@@ -219,6 +219,7 @@ LoaderStats DataLoader::stats() const {
   s.fill_seconds = static_cast<double>(fill_ns_.load()) * 1e-9;
   s.wait_seconds = wait_seconds_;
   s.copy_issue_seconds = copy_issue_seconds_;
+  s.copies_to_host = copies_to_host_;
   s.slot_states = shared_->ring.count_states();
   {
     std::lock_guard<std::mutex> lock(skipped_mutex_);
@@ -461,6 +462,7 @@ Batch DataLoader::host_batch(uint32_t slot, bool zero_copy) {
   if (!zero_copy) {
     for (auto& v : views) batch.fields.push_back(v.clone());
     shared_->ring.release(slot);
+    ++copies_to_host_;
     return batch;
   }
   // The slot returns to the ring when the last tensor viewing it is released.

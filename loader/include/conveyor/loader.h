@@ -295,6 +295,7 @@ class DataLoader {
   std::atomic<uint64_t> errors_{0};
   uint64_t batches_ = 0, samples_ = 0;
   double wait_seconds_ = 0, copy_issue_seconds_ = 0;
+  uint64_t copies_to_host_ = 0;
   mutable std::mutex skipped_mutex_;
   std::vector<SkippedSample> skipped_samples_;
   uint64_t skipped_ = 0;
