@@ -5,6 +5,7 @@
 //   datasets.h  SampleSource, ImageSource (ImageFolder, file list, in memory), transforms,
 //               the photo-like dataset generator; jpeg.h, the libjpeg-turbo decoder.
 //   loader.h    DataLoader, LoaderOptions, samplers, Batch, errors and statistics.
+//   torch_data.h  make_data_loader and DataLoaderOptions: the drop-in for torch::data's loader.
 #pragma once
 
 #include "conveyor/datasets.h"
@@ -13,3 +14,4 @@
 #include "conveyor/pinned.h"
 #include "conveyor/prefetch.h"
 #include "conveyor/random.h"
+#include "conveyor/torch_data.h"
