@@ -140,6 +140,7 @@ DataLoader::DataLoader(std::shared_ptr<SampleSource> source, LoaderOptions optio
     : source_(std::move(source)),
       options_(resolve(options)),
       sampler_(sampler ? std::move(sampler) : SequentialSampler::make()),
+      jobs_(options_.slots),
       completed_(options_.slots) {
   if (!source_) throw std::invalid_argument("conveyor: DataLoader needs a SampleSource");
   fields_ = source_->fields();
@@ -177,15 +178,11 @@ DataLoader::~DataLoader() { join(); }
 void DataLoader::join() {
   if (joined_) return;
   joined_ = true;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
-    running_ = false;
-    generation_.fetch_add(1);
-  }
-  work_cv_.notify_all();
+  stop_.store(true);
+  generation_.fetch_add(1);  // workers abandon their batch at the next sample
+  jobs_count_.release(static_cast<std::ptrdiff_t>(workers_.size()));  // wake every worker
   shared_->ring.close();
-  workers_.clear();  // joins; workers abandon their batch at the next sample
+  workers_.clear();  // joins
   staged_.clear();
   engine_.reset();   // waits for outstanding copies and their callbacks
 }
@@ -234,47 +231,27 @@ LoaderStats DataLoader::stats() const {
 
 void DataLoader::worker_loop(size_t worker) {
   for (;;) {
-    // A slot first, then a batch: batches are claimed in order by threads that already own a
-    // slot, so the batch the consumer waits for is never stuck behind later ones.
-    std::optional<uint32_t> slot = shared_->ring.acquire();
-    if (!slot) return;
-    size_t sequence = 0;
-    uint64_t generation = 0;
-    uint64_t epoch = 0;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return stop_ || (running_ && next_claim_ < num_batches_); });
-      if (stop_) {
-        lock.unlock();
-        shared_->ring.release(*slot);
-        return;
-      }
-      sequence = next_claim_++;
-      ++claimed_;
-      generation = generation_.load();
-      epoch = epoch_;
-    }
-    SlotMeta& meta = *meta_[*slot];
-    meta.epoch = epoch;
-    fill(worker, *slot, sequence, generation);
-    completed_.bounded_push(*slot);
+    jobs_count_.acquire();
+    if (stop_.load()) return;
+    uint32_t slot = 0;
+    jobs_.pop(slot);  // a permit always matches a queued job (push before release)
+    fill(worker, slot);
+    completed_.bounded_push(slot);
     completed_count_.release();
   }
 }
 
-void DataLoader::fill(size_t worker, uint32_t slot, size_t sequence, uint64_t generation) {
+void DataLoader::fill(size_t worker, uint32_t slot) {
   const auto t0 = Clock::now();
-  SlotMeta& meta = *meta_[slot];
-  meta.sequence = sequence;
-  meta.generation = generation;
+  SlotMeta& meta = *meta_[slot];  // written by the consumer before it queued the job
   meta.cancelled = false;
   meta.error = nullptr;
   meta.indices.clear();
-  const size_t begin = sequence * options_.batch_size;
+  const size_t begin = meta.sequence * options_.batch_size;
   const size_t end = std::min(order_.size(), begin + options_.batch_size);
   std::array<std::byte*, kMaxFields> rows{};
   for (size_t i = begin; i < end; ++i) {
-    if (generation_.load(std::memory_order_relaxed) != generation) {
+    if (generation_.load(std::memory_order_relaxed) != meta.generation) {
       meta.cancelled = true;
       break;
     }
@@ -340,9 +317,9 @@ void DataLoader::start_epoch() {
     ++epoch_;
   }
   started_ = true;
-  std::vector<size_t> order;
-  sampler_->indices(source_->size(), epoch_, order);
-  for (size_t index : order) {
+  // No batch is dispatched now, so no worker reads order_.
+  sampler_->indices(source_->size(), epoch_, order_);
+  for (size_t index : order_) {
     if (index >= source_->size()) {
       throw std::out_of_range("conveyor: the sampler yielded index " + std::to_string(index) +
                               " but the dataset has " + std::to_string(source_->size()) +
@@ -350,31 +327,60 @@ void DataLoader::start_epoch() {
     }
   }
   const size_t b = options_.batch_size;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    order_.swap(order);
-    num_batches_ = options_.drop_last ? order_.size() / b : (order_.size() + b - 1) / b;
-    next_claim_ = 0;
-    claimed_ = 0;
-    generation_.fetch_add(1);
-    running_ = true;
-  }
+  num_batches_ = options_.drop_last ? order_.size() / b : (order_.size() + b - 1) / b;
+  generation_.fetch_add(1);
+  dispatched_ = 0;
   collected_ = 0;
   next_sequence_ = 0;
   next_stage_ = 0;
   std::fill(reorder_.begin(), reorder_.end(), -1);
-  work_cv_.notify_all();
+  top_up();
+}
+
+bool DataLoader::dispatch(uint32_t slot) {
+  SlotMeta& meta = *meta_[slot];
+  meta.sequence = dispatched_++;
+  meta.generation = generation_.load();
+  meta.epoch = epoch_;
+  jobs_.bounded_push(slot);  // sized for every slot: never allocates
+  jobs_count_.release();
+  return true;
+}
+
+// Hands every free slot a batch, in order, without blocking.
+void DataLoader::top_up() {
+  while (dispatched_ < num_batches_) {
+    std::optional<uint32_t> slot = shared_->ring.try_acquire();
+    if (!slot) return;
+    dispatch(*slot);
+  }
+}
+
+// Waits for a free slot and dispatches the next batch. A slot always comes: the user never holds
+// every slot (see next()) and copies finish on their own.
+bool DataLoader::dispatch_blocking() {
+  std::optional<uint32_t> slot = options_.timeout
+                                     ? shared_->ring.try_acquire_for(*options_.timeout)
+                                     : shared_->ring.acquire();
+  if (!slot) {
+    throw TimeoutError("conveyor: no batch slot came free within " +
+                       std::to_string(options_.timeout ? options_.timeout->count() : 0) +
+                       " ms (batch " + std::to_string(dispatched_) + " of epoch " +
+                       std::to_string(epoch_) + ")");
+  }
+  return dispatch(*slot);
 }
 
 void DataLoader::cancel_epoch() {
-  size_t claimed = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    running_ = false;
-    generation_.fetch_add(1);  // workers abandon their batch at the next sample
-    claimed = claimed_;
+  generation_.fetch_add(1);  // workers abandon their batch at the next sample
+  // Take back the jobs no worker started, then wait for the ones in progress.
+  while (jobs_count_.try_acquire()) {
+    uint32_t slot = 0;
+    jobs_.pop(slot);
+    ++collected_;
+    shared_->ring.release(slot);
   }
-  while (collected_ < claimed) {  // every claimed batch comes back, finished or abandoned
+  while (collected_ < dispatched_) {
     completed_count_.acquire();
     uint32_t slot = 0;
     completed_.pop(slot);
@@ -388,11 +394,12 @@ void DataLoader::cancel_epoch() {
   staged_.clear();  // their slots come back through the copy callbacks
 }
 
+size_t DataLoader::wanted() const { return engine_ ? next_stage_ : next_sequence_; }
+
 bool DataLoader::take_ready(uint32_t& slot) {
   // Ordered: the wanted sequence may already be waiting in the reorder buffer.
   if (options_.enforce_ordering) {
-    const size_t want = engine_ ? next_stage_ : next_sequence_;
-    int64_t& r = reorder_[want % reorder_.size()];
+    int64_t& r = reorder_[wanted() % reorder_.size()];
     if (r >= 0) {
       slot = static_cast<uint32_t>(r);
       r = -1;
@@ -406,14 +413,22 @@ uint32_t DataLoader::take_next(bool blocking) {
   for (;;) {
     uint32_t slot = 0;
     if (take_ready(slot)) return slot;
+    top_up();
+    // Nothing that could deliver the wanted batch is in flight: dispatch it.
+    const bool in_flight = options_.enforce_ordering ? wanted() < dispatched_
+                                                     : collected_ < dispatched_;
+    if (!in_flight) {
+      if (!blocking) return UINT32_MAX;
+      dispatch_blocking();
+      continue;
+    }
     if (blocking) {
       if (options_.timeout) {
         if (!completed_count_.try_acquire_for(*options_.timeout)) {
-          const size_t want = engine_ ? next_stage_ : next_sequence_;
           throw TimeoutError("conveyor: no batch arrived within " +
                              std::to_string(options_.timeout->count()) + " ms (waiting for batch " +
-                             std::to_string(want) + " of epoch " + std::to_string(epoch_) + ", " +
-                             std::to_string(workers_.size()) + " workers)");
+                             std::to_string(wanted()) + " of epoch " + std::to_string(epoch_) +
+                             ", " + std::to_string(workers_.size()) + " workers)");
         }
       } else {
         completed_count_.acquire();

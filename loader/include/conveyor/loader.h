@@ -35,7 +35,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -247,8 +246,12 @@ class DataLoader {
   struct Shared;
   struct Staged;
   void worker_loop(size_t worker);
-  void fill(size_t worker, uint32_t slot, size_t sequence, uint64_t generation);
+  void fill(size_t worker, uint32_t slot);
   bool write_with_policy(size_t worker, size_t index, std::byte* const* rows, SlotMeta& meta);
+  bool dispatch(uint32_t slot);
+  void top_up();
+  bool dispatch_blocking();
+  size_t wanted() const;
   uint32_t take_next(bool blocking);
   bool take_ready(uint32_t& slot);
   void cancel_epoch();
@@ -266,24 +269,22 @@ class DataLoader {
   std::unique_ptr<CopyEngine> engine_;  // destroyed before shared_ (it waits for its callbacks)
   std::vector<std::unique_ptr<SlotMeta>> meta_;
 
+  // Stage to stage, lock-free: the consumer dispatches a batch by writing its slot's SlotMeta and
+  // pushing the slot index to jobs_; a worker fills the slot and pushes it to completed_.
+  boost::lockfree::queue<uint32_t> jobs_;
+  std::counting_semaphore<> jobs_count_{0};
   boost::lockfree::queue<uint32_t> completed_;
   std::counting_semaphore<> completed_count_{0};
-
-  // Epoch state shared with the workers, guarded by mutex_ (taken once per batch, not per sample).
-  mutable std::mutex mutex_;
-  std::condition_variable work_cv_;
-  bool stop_ = false;
-  bool running_ = false;
-  std::vector<size_t> order_;
-  size_t num_batches_ = 0;
-  size_t next_claim_ = 0;
-  size_t claimed_ = 0;
-  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> generation_{0};  // changes when an epoch starts or is cancelled
+  std::vector<size_t> order_;            // written only while no batch is dispatched
 
   // Consumer-only state.
   uint64_t epoch_ = 0;
   bool started_ = false;
-  size_t collected_ = 0;      // completions taken from completed_ this epoch
+  size_t num_batches_ = 0;
+  size_t dispatched_ = 0;     // batches handed to workers this epoch
+  size_t collected_ = 0;      // of those, taken back (completed_ or cancelled) by the consumer
   size_t next_sequence_ = 0;  // next batch to hand out (ordered) / count handed out (unordered)
   size_t next_stage_ = 0;     // next batch to stage on the device
   std::vector<int64_t> reorder_;  // sequence % slots -> slot, -1 when absent
