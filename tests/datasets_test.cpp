@@ -141,7 +141,11 @@ TEST(ImageWriter, ExactWhenNoResizeIsNeeded) {
   auto jpeg = make_photo_jpeg(64, 64, 9);
   tjhandle h = tjInitDecompress();
   std::vector<uint8_t> ref(64 * 64 * 3);
-  ASSERT_EQ(tjDecompress2(h, jpeg.data(), jpeg.size(), ref.data(), 64, 0, 64, TJPF_RGB, 0), 0);
+  // ImageWriter upsamples chroma by replication (cheaper; see BENCHMARKS.md), which is
+  // TurboJPEG's TJFLAG_FASTUPSAMPLE decode.
+  ASSERT_EQ(tjDecompress2(h, jpeg.data(), jpeg.size(), ref.data(), 64, 0, 64, TJPF_RGB,
+                          TJFLAG_FASTUPSAMPLE),
+            0);
   tjDestroy(h);
   ImageTransform t;
   t.mode = ImageTransform::Mode::kResize;
@@ -153,6 +157,147 @@ TEST(ImageWriter, ExactWhenNoResizeIsNeeded) {
   for (int c = 0; c < 3; ++c) {
     for (int i = 0; i < 64 * 64; ++i) {
       ASSERT_EQ(static_cast<uint8_t>(out[static_cast<size_t>(c) * 4096 + i]), ref[i * 3 + c]);
+    }
+  }
+}
+
+// `jpeg` with an APP1 Exif block that says `orientation`, right after SOI: "Exif\0\0", a
+// big-endian TIFF header and an IFD0 with the one SHORT entry.
+std::vector<uint8_t> with_orientation(std::vector<uint8_t> jpeg, int orientation) {
+  const auto o = static_cast<uint8_t>(orientation);
+  const std::vector<uint8_t> payload = {'E',  'x',  'i', 'f', 0, 0,        // APP1 Exif header
+                                        'M',  'M',  0,   42,  0, 0, 0, 8,  // TIFF, IFD0 at 8
+                                        0,    1,                           // one entry:
+                                        0x01, 0x12, 0,   3,   0, 0, 0, 1,  // Orientation SHORT x1
+                                        0,    o,    0,   0,                // its value
+                                        0,    0,    0,   0};               // no next IFD
+  const size_t length = payload.size() + 2;
+  std::vector<uint8_t> segment = {0xFF, 0xE1, static_cast<uint8_t>(length >> 8),
+                                  static_cast<uint8_t>(length & 0xFF)};
+  segment.insert(segment.end(), payload.begin(), payload.end());
+  jpeg.insert(jpeg.begin() + 2, segment.begin(), segment.end());
+  return jpeg;
+}
+
+// Stored pixels of four solid quadrants (red, green / blue, white), 96x64: not square, so that
+// orientations 5..8 swap width and height.
+std::vector<uint8_t> quadrants_with_orientation(int orientation) {
+  const int w = 96, h = 64;
+  cv::Mat img(h, w, CV_8UC3);
+  img(cv::Rect(0, 0, w / 2, h / 2)).setTo(cv::Scalar(255, 0, 0));
+  img(cv::Rect(w / 2, 0, w / 2, h / 2)).setTo(cv::Scalar(0, 255, 0));
+  img(cv::Rect(0, h / 2, w / 2, h / 2)).setTo(cv::Scalar(0, 0, 255));
+  img(cv::Rect(w / 2, h / 2, w / 2, h / 2)).setTo(cv::Scalar(255, 255, 255));
+  return with_orientation(encode_jpeg(img.data, w, h, 95), orientation);
+}
+
+TEST(ImageWriter, ExifOrientationTurnsTheImageUprightWhenAsked) {
+  // Where the stored red (top-left) and green (top-right) quadrants show up once upright:
+  // 0 top-left, 1 top-right, 2 bottom-left, 3 bottom-right.
+  const int red_at[9] = {0, 0, 1, 3, 2, 0, 1, 3, 2};
+  const int green_at[9] = {0, 1, 0, 2, 3, 2, 3, 1, 0};
+  const int side = 32;
+  for (int orientation = 1; orientation <= 8; ++orientation) {
+    SCOPED_TRACE("orientation " + std::to_string(orientation));
+    auto jpeg = quadrants_with_orientation(orientation);
+    for (ImageLayout layout : {ImageLayout::kCHW, ImageLayout::kHWC}) {
+      for (bool honour : {true, false}) {
+        ImageTransform t;
+        t.mode = ImageTransform::Mode::kResize;
+        t.size = side;
+        t.flip_probability = 0;
+        t.layout = layout;
+        t.exif_orientation = honour;
+        ImageWriter writer(t);
+        std::vector<std::byte> out(side * side * 3);
+        writer.write(jpeg.data(), jpeg.size(), SampleContext{}, out.data());
+        auto pixel = [&](int quadrant, int c) {
+          const int x = quadrant % 2 == 0 ? side / 4 : 3 * side / 4;
+          const int y = quadrant < 2 ? side / 4 : 3 * side / 4;
+          size_t o = layout == ImageLayout::kHWC
+                         ? (static_cast<size_t>(y) * side + x) * 3 + c
+                         : static_cast<size_t>(c) * side * side + y * side + x;
+          return static_cast<int>(out[o]);
+        };
+        const int red = honour ? red_at[orientation] : 0;
+        const int green = honour ? green_at[orientation] : 1;
+        EXPECT_NEAR(pixel(red, 0), 255, 10);
+        EXPECT_NEAR(pixel(red, 1), 0, 10);
+        EXPECT_NEAR(pixel(red, 2), 0, 10);
+        EXPECT_NEAR(pixel(green, 0), 0, 10);
+        EXPECT_NEAR(pixel(green, 1), 255, 10);
+        EXPECT_NEAR(pixel(green, 2), 0, 10);
+      }
+    }
+  }
+}
+
+// Random crops and flips of an EXIF-oriented photo against a reference that turns the whole
+// decoded image upright first, then crops, resizes and flips it.
+TEST(ImageWriter, ExifOrientationChoosesTheCropInTheUprightImage) {
+  const auto photo = make_photo_jpeg(200, 120, 31);
+  tjhandle h = tjInitDecompress();
+  cv::Mat stored(120, 200, CV_8UC3);
+  ASSERT_EQ(tjDecompress2(h, photo.data(), photo.size(), stored.data, 200, 0, 120, TJPF_RGB,
+                          TJFLAG_FASTUPSAMPLE),
+            0);
+  tjDestroy(h);
+  for (int orientation = 1; orientation <= 8; ++orientation) {
+    SCOPED_TRACE("orientation " + std::to_string(orientation));
+    cv::Mat upright;
+    switch (orientation) {
+      case 2:
+        cv::flip(stored, upright, 1);
+        break;
+      case 3:
+        cv::flip(stored, upright, -1);
+        break;
+      case 4:
+        cv::flip(stored, upright, 0);
+        break;
+      case 5:
+        cv::transpose(stored, upright);
+        break;
+      case 6:
+        cv::rotate(stored, upright, cv::ROTATE_90_CLOCKWISE);
+        break;
+      case 7:
+        cv::transpose(stored, upright);
+        cv::flip(upright, upright, -1);
+        break;
+      case 8:
+        cv::rotate(stored, upright, cv::ROTATE_90_COUNTERCLOCKWISE);
+        break;
+      default:
+        upright = stored.clone();
+    }
+    const auto jpeg = with_orientation(photo, orientation);
+    ImageTransform t = ImageTransform::train(48);
+    t.exif_orientation = true;
+    ImageWriter writer(t);
+    for (size_t i = 0; i < 6; ++i) {
+      SampleContext ctx{0, i, 3, 0};
+      std::vector<std::byte> out(48 * 48 * 3);
+      writer.write(jpeg.data(), jpeg.size(), ctx, out.data());
+      CropBox box = choose_crop(t, upright.cols, upright.rows, 3, 0, i);
+      ASSERT_LE(box.x + box.width, upright.cols);
+      ASSERT_LE(box.y + box.height, upright.rows);
+      cv::Mat ref;
+      cv::resize(upright(cv::Rect(box.x, box.y, box.width, box.height)), ref, cv::Size(48, 48), 0,
+                 0, cv::INTER_AREA);
+      if (box.flip) cv::flip(ref, ref, 1);
+      double diff = 0;
+      for (int y = 0; y < 48; ++y) {
+        for (int x = 0; x < 48; ++x) {
+          for (int c = 0; c < 3; ++c) {
+            diff += std::abs(static_cast<int>(out[static_cast<size_t>(c) * 48 * 48 + y * 48 + x]) -
+                             ref.at<cv::Vec3b>(y, x)[c]);
+          }
+        }
+      }
+      // Same tolerance as PixelsMatchAReferenceDecodeCropAndResize; a crop taken from the wrong
+      // place or turned the wrong way differs by far more on this textured photo.
+      EXPECT_LT(diff / (48.0 * 48 * 3), 12.0) << "index " << i;
     }
   }
 }

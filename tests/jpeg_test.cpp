@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include <jpeglib.h>
 #include <turbojpeg.h>
@@ -52,6 +54,80 @@ std::vector<uint8_t> tj_encode(const std::vector<uint8_t>& pixels, int w, int h,
   tjFree(out);
   tjDestroy(handle);
   return v;
+}
+
+// Encodes with libjpeg's own compression API, for what TurboJPEG cannot write: arithmetic coding,
+// restart markers, plain CMYK, APP1 markers. `setup` runs after the defaults are set; `markers`
+// after jpeg_start_compress.
+std::vector<uint8_t> lib_encode(const std::vector<uint8_t>& pixels, int w, int h,
+                                J_COLOR_SPACE in_space, int components,
+                                const std::function<void(jpeg_compress_struct&)>& setup,
+                                const std::function<void(jpeg_compress_struct&)>& markers = {}) {
+  jpeg_compress_struct cinfo{};
+  jpeg_error_mgr err{};
+  cinfo.err = jpeg_std_error(&err);
+  jpeg_create_compress(&cinfo);
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&cinfo, &out, &size);
+  cinfo.image_width = static_cast<JDIMENSION>(w);
+  cinfo.image_height = static_cast<JDIMENSION>(h);
+  cinfo.input_components = components;
+  cinfo.in_color_space = in_space;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, 90, TRUE);
+  setup(cinfo);
+  jpeg_start_compress(&cinfo, TRUE);
+  if (markers) markers(cinfo);
+  const size_t row_bytes = static_cast<size_t>(w) * static_cast<size_t>(components);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(pixels.data()) + cinfo.next_scanline * row_bytes;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  jpeg_destroy_compress(&cinfo);
+  std::vector<uint8_t> v(out, out + size);
+  std::free(out);
+  return v;
+}
+
+// An APP1 Exif payload whose IFD0 holds only the orientation tag, in either byte order.
+std::vector<uint8_t> exif_payload(int orientation, bool big_endian) {
+  std::vector<uint8_t> p = {'E', 'x', 'i', 'f', 0, 0};
+  auto u16 = [&](unsigned v) {
+    if (big_endian) {
+      p.push_back(static_cast<uint8_t>(v >> 8));
+      p.push_back(static_cast<uint8_t>(v));
+    } else {
+      p.push_back(static_cast<uint8_t>(v));
+      p.push_back(static_cast<uint8_t>(v >> 8));
+    }
+  };
+  auto u32 = [&](unsigned v) {
+    if (big_endian) {
+      u16(v >> 16);
+      u16(v & 0xFFFF);
+    } else {
+      u16(v & 0xFFFF);
+      u16(v >> 16);
+    }
+  };
+  p.push_back(big_endian ? 'M' : 'I');
+  p.push_back(big_endian ? 'M' : 'I');
+  u16(42);
+  u32(8);       // IFD0 right after the TIFF header
+  u16(2);       // two entries: an unrelated one first
+  u16(0x010F);  // Make, ASCII, 4 bytes inline
+  u16(2);
+  u32(4);
+  p.insert(p.end(), {'A', 'B', 'C', 0});
+  u16(0x0112);  // Orientation, SHORT, 1 value
+  u16(3);
+  u32(1);
+  u16(static_cast<unsigned>(orientation));
+  u16(0);
+  u32(0);  // no next IFD
+  return p;
 }
 
 std::vector<uint8_t> photo_rgb(int w, int h, uint64_t seed) {
@@ -112,12 +188,23 @@ TEST(JpegDecoder, RegionDecodeMatchesTheSameRegionOfAFullDecode) {
 
 TEST(JpegDecoder, ScaledDecodePicksTheSmallestScaleThatCoversTheOutput) {
   auto jpeg = make_photo_jpeg(480, 360, 13);
-  JpegDecoder d;
-  // A 224 output from the full 480x360 image: 360*5/8 = 225 >= 224, 4/8 gives 180 < 224.
-  DecodedImage img = d.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 224, 224);
+  // Any M/8: a 224 output from the full 480x360 image: 360*5/8 = 225 >= 224, 4/8 gives 180.
+  DecodeOptions any;
+  any.any_scale = true;
+  JpegDecoder any_scale({}, any);
+  DecodedImage img = any_scale.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 224, 224);
   EXPECT_EQ(img.scale, 5);
   EXPECT_EQ(img.width, 300);
   EXPECT_EQ(img.height, 225);
+  // By default only the SIMD scales 1, 2, 4 and 8: 4/8 is too small, so 8/8.
+  JpegDecoder d;
+  img = d.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 224, 224);
+  EXPECT_EQ(img.scale, 8);
+  EXPECT_EQ(img.width, 480);
+  img = d.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 60, 45);
+  EXPECT_EQ(img.scale, 1);
+  EXPECT_EQ(img.width, 60);
+  EXPECT_EQ(img.height, 45);
   // Half scale equals TurboJPEG's own half-scale decode.
   DecodedImage half = d.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 240, 180);
   EXPECT_EQ(half.scale, 4);
@@ -179,6 +266,147 @@ TEST(JpegDecoder, ConvertsCmykAndYcckToRgb) {
   EXPECT_NEAR(px(w - 3, 8, 0), 0, 6);  // cyan: no red
   EXPECT_NEAR(px(w - 3, 8, 1), 255, 6);
   EXPECT_NEAR(px(w - 3, 8, 2), 255, 6);
+}
+
+TEST(JpegDecoder, DecodesArithmeticCodedAndRestartMarkedImagesWholeAndCropped) {
+  const int w = 200, h = 120;
+  auto rgb = photo_rgb(w, h, 8);
+  struct Variant {
+    const char* name;
+    std::function<void(jpeg_compress_struct&)> setup;
+  };
+  const std::vector<Variant> variants = {
+      {"arithmetic", [](jpeg_compress_struct& c) { c.arith_code = TRUE; }},
+      {"arithmetic progressive",
+       [](jpeg_compress_struct& c) {
+         c.arith_code = TRUE;
+         jpeg_simple_progression(&c);
+       }},
+      {"restart every MCU", [](jpeg_compress_struct& c) { c.restart_interval = 1; }},
+      {"restart every row", [](jpeg_compress_struct& c) { c.restart_in_rows = 1; }},
+      {"arithmetic with restarts",
+       [](jpeg_compress_struct& c) {
+         c.arith_code = TRUE;
+         c.restart_interval = 3;
+       }},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    auto jpeg = lib_encode(rgb, w, h, JCS_RGB, 3, v.setup);
+    Reference ref = tj_decode(jpeg);
+    JpegDecoder d;
+    DecodedImage img = d.decode(jpeg.data(), jpeg.size());
+    ASSERT_EQ(img.width, w);
+    ASSERT_EQ(img.height, h);
+    EXPECT_EQ(mean_abs_diff(img, ref, 0, 0), 0.0);
+    // A crop below the first rows and right of the first columns: skipped rows and columns.
+    img = d.decode_region(jpeg.data(), jpeg.size(), 67, 41, 90, 50, 90, 50);
+    ASSERT_EQ(img.width, 90);
+    ASSERT_EQ(img.height, 50);
+    EXPECT_LT(mean_abs_diff(img, ref, 67, 41), 0.5);
+    // Corrupting the entropy-coded data is still an error with these codings.
+    auto truncated = jpeg;
+    truncated.resize(truncated.size() / 2);
+    EXPECT_THROW(d.decode(truncated.data(), truncated.size()), JpegError);
+  }
+}
+
+TEST(JpegDecoder, ConvertsPlainCmykWithAndWithoutTheAdobeInversion) {
+  const int w = 32, h = 16;
+  // Left half white (no ink), right half pure magenta, as ink amounts 0..255.
+  auto ink = [&](int x, int c) { return c == 1 && x >= w / 2 ? 255 : 0; };
+  for (bool adobe : {true, false}) {
+    SCOPED_TRACE(adobe ? "Adobe (inverted)" : "no Adobe marker (plain)");
+    std::vector<uint8_t> cmyk(static_cast<size_t>(w) * h * 4);
+    for (int y = 0; y < h; ++y) {
+      for (int x = 0; x < w; ++x) {
+        for (int c = 0; c < 4; ++c) {
+          const int v = ink(x, c);
+          cmyk[(static_cast<size_t>(y) * w + x) * 4 + c] =
+              static_cast<uint8_t>(adobe ? 255 - v : v);
+        }
+      }
+    }
+    auto jpeg = lib_encode(cmyk, w, h, JCS_CMYK, 4, [&](jpeg_compress_struct& c) {
+      jpeg_set_colorspace(&c, JCS_CMYK);  // stored as CMYK, not YCCK
+      c.write_Adobe_marker = adobe ? TRUE : FALSE;
+    });
+    JpegDecoder d;
+    EXPECT_EQ(d.read_header(jpeg.data(), jpeg.size()).color_space, "cmyk");
+    DecodedImage img = d.decode(jpeg.data(), jpeg.size());
+    ASSERT_EQ(img.width, w);
+    auto px = [&](int x, int y, int c) {
+      return static_cast<int>(img.pixels[y * img.stride + 3 * x + c]);
+    };
+    EXPECT_NEAR(px(2, 8, 0), 255, 6);
+    EXPECT_NEAR(px(2, 8, 1), 255, 6);
+    EXPECT_NEAR(px(2, 8, 2), 255, 6);
+    EXPECT_NEAR(px(w - 3, 8, 0), 255, 6);  // magenta: red and blue, no green
+    EXPECT_NEAR(px(w - 3, 8, 1), 0, 6);
+    EXPECT_NEAR(px(w - 3, 8, 2), 255, 6);
+  }
+}
+
+TEST(JpegDecoder, RgbxAndFastUpsamplingOptionsMatchTurboJpeg) {
+  auto jpeg = make_photo_jpeg(160, 120, 17);
+  Reference rgbx = tj_decode(jpeg, TJPF_RGBX);
+  DecodeOptions o;
+  o.channels = 4;
+  JpegDecoder d({}, o);
+  DecodedImage img = d.decode_region(jpeg.data(), jpeg.size(), 33, 20, 100, 80, 100, 80);
+  ASSERT_EQ(img.channels, 4);
+  ASSERT_EQ(img.width, 100);
+  double diff = 0;
+  for (int y = 0; y < img.height; ++y) {
+    for (int x = 0; x < img.width; ++x) {
+      for (int c = 0; c < 3; ++c) {
+        diff += std::abs(img.pixels[y * img.stride + 4 * x + c] -
+                         rgbx.pixels[(static_cast<size_t>(20 + y) * 160 + 33 + x) * 4 + c]);
+      }
+    }
+  }
+  EXPECT_LT(diff / (100 * 80 * 3), 0.5);
+  // Replicated chroma is TurboJPEG's TJFLAG_FASTUPSAMPLE decode, exactly.
+  o.channels = 3;
+  o.fast_upsampling = true;
+  JpegDecoder fast({}, o);
+  tjhandle h = tjInitDecompress();
+  std::vector<uint8_t> ref(160 * 120 * 3);
+  ASSERT_EQ(tjDecompress2(h, jpeg.data(), jpeg.size(), ref.data(), 160, 0, 120, TJPF_RGB,
+                          TJFLAG_FASTUPSAMPLE),
+            0);
+  tjDestroy(h);
+  img = fast.decode(jpeg.data(), jpeg.size());
+  EXPECT_EQ(std::memcmp(img.pixels, ref.data(), ref.size()), 0);
+}
+
+TEST(JpegDecoder, ReadsTheExifOrientationOnlyWhenAsked) {
+  auto rgb = photo_rgb(48, 32, 3);
+  DecodeOptions o;
+  o.read_orientation = true;
+  JpegDecoder reading({}, o), plain;
+  for (int orientation = 1; orientation <= 8; ++orientation) {
+    for (bool big_endian : {true, false}) {
+      auto exif = exif_payload(orientation, big_endian);
+      auto jpeg = lib_encode(
+          rgb, 48, 32, JCS_RGB, 3, [](jpeg_compress_struct&) {},
+          [&](jpeg_compress_struct& c) {
+            jpeg_write_marker(&c, JPEG_APP0 + 1, exif.data(), static_cast<unsigned>(exif.size()));
+          });
+      EXPECT_EQ(reading.read_header(jpeg.data(), jpeg.size()).orientation, orientation);
+      EXPECT_EQ(plain.read_header(jpeg.data(), jpeg.size()).orientation, 1);
+    }
+  }
+  // A malformed Exif block (an IFD offset past its end) reads as 1, not an error.
+  auto exif = exif_payload(6, true);
+  exif[6 + 7] = 0xF0;
+  auto jpeg = lib_encode(
+      rgb, 48, 32, JCS_RGB, 3, [](jpeg_compress_struct&) {},
+      [&](jpeg_compress_struct& c) {
+        jpeg_write_marker(&c, JPEG_APP0 + 1, exif.data(), static_cast<unsigned>(exif.size()));
+      });
+  EXPECT_EQ(reading.read_header(jpeg.data(), jpeg.size()).orientation, 1);
+  EXPECT_EQ(reading.decode(jpeg.data(), jpeg.size()).width, 48);
 }
 
 TEST(JpegDecoder, TruncatedDataIsAnErrorNotAGreyImage) {

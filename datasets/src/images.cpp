@@ -97,17 +97,92 @@ CropBox choose_crop(const ImageTransform& transform, int width, int height, uint
 // ---------------------------------------------------------------------------------------------
 // ImageWriter
 
+namespace {
+
+// The decoder options ImageWriter uses, chosen by measurement (BENCHMARKS.md, "JPEG pipeline vs
+// decode ceiling"): RGBX pixels, because OpenCV resizes 4-byte pixels and splits them into
+// planes in fewer instructions than 3-byte ones; SIMD DCT scales only; replicated chroma, whose
+// one-pixel chroma shift the following resize mostly averages away.
+DecodeOptions writer_decode_options(const ImageTransform& t) {
+  DecodeOptions o;
+  o.channels = 4;
+  o.fast_upsampling = true;
+  o.read_orientation = t.exif_orientation;
+  return o;
+}
+
+// The source region that shows the display-oriented box `b` of an image whose EXIF orientation is
+// `orientation` and whose display size is width x height (see JpegHeader::orientation).
+CropBox stored_box(const CropBox& b, int orientation, int width, int height) {
+  switch (orientation) {
+    case 2:  // mirrored horizontally
+      return {width - b.x - b.width, b.y, b.width, b.height, b.flip};
+    case 3:  // rotated 180
+      return {width - b.x - b.width, height - b.y - b.height, b.width, b.height, b.flip};
+    case 4:  // mirrored vertically
+      return {b.x, height - b.y - b.height, b.width, b.height, b.flip};
+    case 5:  // transposed
+      return {b.y, b.x, b.height, b.width, b.flip};
+    case 6:  // to be rotated 90 degrees clockwise
+      return {b.y, width - b.x - b.width, b.height, b.width, b.flip};
+    case 7:  // transversed
+      return {height - b.y - b.height, width - b.x - b.width, b.height, b.width, b.flip};
+    case 8:  // to be rotated 90 degrees counter-clockwise
+      return {height - b.y - b.height, b.x, b.height, b.width, b.flip};
+    default:
+      return b;
+  }
+}
+
+// Turns the square `img` (stored orientation) upright as EXIF `orientation` says, into `scratch`
+// when it cannot be done in place; returns the upright image.
+cv::Mat orient(cv::Mat img, int orientation, cv::Mat& scratch) {
+  switch (orientation) {
+    case 2:
+      cv::flip(img, img, 1);
+      return img;
+    case 3:
+      cv::flip(img, img, -1);
+      return img;
+    case 4:
+      cv::flip(img, img, 0);
+      return img;
+    case 5:
+      cv::transpose(img, scratch);
+      return scratch;
+    case 6:
+      cv::rotate(img, scratch, cv::ROTATE_90_CLOCKWISE);
+      return scratch;
+    case 7:
+      cv::transpose(img, scratch);
+      cv::flip(scratch, scratch, -1);
+      return scratch;
+    case 8:
+      cv::rotate(img, scratch, cv::ROTATE_90_COUNTERCLOCKWISE);
+      return scratch;
+    default:
+      return img;
+  }
+}
+
+}  // namespace
+
 struct ImageWriter::State {
   ImageTransform transform;
   JpegDecoder decoder;
-  cv::Mat resized;  // size x size x 3 scratch, reused
+  cv::Mat resized;  // size x size RGBX scratch, reused
+  cv::Mat rotated;  // size x size RGBX scratch for EXIF rotations, reused
+  cv::Mat padding;  // size x size plane that receives the X of RGBX, reused
   int last_scale = 8;
-  explicit State(ImageTransform t) : transform(t), decoder(t.limits) {}
+  explicit State(ImageTransform t) : transform(t), decoder(t.limits, writer_decode_options(t)) {
+    resized.create(t.size, t.size, CV_8UC4);
+    padding.create(t.size, t.size, CV_8UC1);
+  }
 };
 
-ImageWriter::ImageWriter(ImageTransform transform)
-    : state_(std::make_unique<State>(transform)) {
+ImageWriter::ImageWriter(ImageTransform transform) {
   if (transform.size <= 0) throw std::invalid_argument("ImageTransform.size must be positive");
+  state_ = std::make_unique<State>(transform);
 }
 ImageWriter::~ImageWriter() = default;
 ImageWriter::ImageWriter(ImageWriter&&) noexcept = default;
@@ -119,55 +194,41 @@ void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& 
                         std::byte* out) {
   State& s = *state_;
   const int side = s.transform.size;
-  JpegHeader header = s.decoder.begin(bytes, size);
-  CropBox box = choose_crop(s.transform, header.width, header.height, ctx.seed, ctx.epoch,
-                            ctx.index);
-  DecodedImage image =
-      s.decoder.finish_region(box.x, box.y, box.width, box.height, side, side);
+  const JpegHeader header = s.decoder.begin(bytes, size);
+  const bool swapped = header.orientation >= 5;  // displayed with width and height exchanged
+  const int width = swapped ? header.height : header.width;
+  const int height = swapped ? header.width : header.height;
+  const CropBox box = choose_crop(s.transform, width, height, ctx.seed, ctx.epoch, ctx.index);
+  const CropBox src_box = stored_box(box, header.orientation, width, height);
+  const DecodedImage image =
+      s.decoder.finish_region(src_box.x, src_box.y, src_box.width, src_box.height, side, side);
   s.last_scale = image.scale;
 
-  cv::Mat src(image.height, image.width, CV_8UC3, const_cast<uint8_t*>(image.pixels),
-              image.stride);
-  const bool hwc = s.transform.layout == ImageLayout::kHWC;
-  cv::Mat target;
-  if (hwc && !box.flip) {
-    target = cv::Mat(side, side, CV_8UC3, out);  // resize straight into the batch row
-  } else {
-    s.resized.create(side, side, CV_8UC3);
-    target = s.resized;
+  // Decoded RGBX -> size x size RGBX (straight from the decoder's buffer when no resize is
+  // needed), upright, flipped if asked, then split into the row's planes or packed as RGB.
+  cv::Mat img(image.height, image.width, CV_8UC4, const_cast<uint8_t*>(image.pixels), image.stride);
+  if (image.width != side || image.height != side) {
+    cv::resize(img, s.resized, cv::Size(side, side), 0, 0, cv::INTER_LINEAR);
+    img = s.resized;
+  } else if (header.orientation != 1 || box.flip) {
+    img.copyTo(s.resized);  // the decoder's pixels are read-only
+    img = s.resized;
   }
-  if (image.width == side && image.height == side) {
-    src.copyTo(target);
-  } else {
-    cv::resize(src, target, cv::Size(side, side), 0, 0, cv::INTER_LINEAR);
-  }
-  if (hwc) {
-    if (box.flip) cv::flip(s.resized, cv::Mat(side, side, CV_8UC3, out), 1);
+  img = orient(img, header.orientation, s.rotated);
+  auto* dst = reinterpret_cast<uint8_t*>(out);
+  if (s.transform.layout == ImageLayout::kHWC) {
+    cv::Mat rgb(side, side, CV_8UC3, dst);
+    cv::cvtColor(img, rgb, cv::COLOR_RGBA2RGB);
+    if (box.flip) cv::flip(rgb, rgb, 1);
     return;
   }
-  // HWC scratch -> CHW row, flipping on the way if asked.
-  const size_t plane = static_cast<size_t>(side) * side;
-  auto* r = reinterpret_cast<uint8_t*>(out);
-  uint8_t* g = r + plane;
-  uint8_t* b = g + plane;
-  for (int y = 0; y < side; ++y) {
-    const uint8_t* row = s.resized.ptr<uint8_t>(y);
-    size_t o = static_cast<size_t>(y) * side;
-    if (box.flip) {
-      for (int x = 0; x < side; ++x) {
-        const uint8_t* p = row + 3 * (side - 1 - x);
-        r[o + x] = p[0];
-        g[o + x] = p[1];
-        b[o + x] = p[2];
-      }
-    } else {
-      for (int x = 0; x < side; ++x) {
-        const uint8_t* p = row + 3 * x;
-        r[o + x] = p[0];
-        g[o + x] = p[1];
-        b[o + x] = p[2];
-      }
-    }
+  const size_t plane = static_cast<size_t>(side) * static_cast<size_t>(side);
+  cv::Mat planes[4] = {cv::Mat(side, side, CV_8UC1, dst), cv::Mat(side, side, CV_8UC1, dst + plane),
+                       cv::Mat(side, side, CV_8UC1, dst + 2 * plane), s.padding};
+  cv::split(img, planes);
+  // Flipping the one-byte planes (in place) keeps OpenCV's index table on its stack.
+  if (box.flip) {
+    for (int c = 0; c < 3; ++c) cv::flip(planes[c], planes[c], 1);
   }
 }
 

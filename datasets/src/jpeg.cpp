@@ -49,21 +49,64 @@ const char* color_space_name(J_COLOR_SPACE cs) {
 
 int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b); }
 
+// The EXIF orientation (TIFF tag 0x0112 in IFD0) of an APP1 "Exif" payload; 1 when absent or
+// malformed. Every offset is checked against the payload's length.
+int exif_orientation(const uint8_t* p, size_t n) {
+  static constexpr uint8_t kExif[6] = {'E', 'x', 'i', 'f', 0, 0};
+  if (n < 6 + 8 || std::memcmp(p, kExif, 6) != 0) return 1;
+  const uint8_t* tiff = p + 6;
+  const size_t size = n - 6;
+  bool little;
+  if (tiff[0] == 'I' && tiff[1] == 'I') {
+    little = true;
+  } else if (tiff[0] == 'M' && tiff[1] == 'M') {
+    little = false;
+  } else {
+    return 1;
+  }
+  auto u16 = [&](size_t o) -> unsigned {
+    return little ? tiff[o] | tiff[o + 1] << 8 : tiff[o] << 8 | tiff[o + 1];
+  };
+  auto u32 = [&](size_t o) -> size_t {
+    return little ? static_cast<size_t>(u16(o)) | static_cast<size_t>(u16(o + 2)) << 16
+                  : static_cast<size_t>(u16(o)) << 16 | static_cast<size_t>(u16(o + 2));
+  };
+  if (u16(2) != 42) return 1;
+  const size_t ifd = u32(4);
+  if (ifd > size || size - ifd < 2) return 1;
+  const size_t entries = u16(ifd);
+  for (size_t i = 0; i < entries; ++i) {
+    const size_t e = ifd + 2 + 12 * i;
+    if (e > size || size - e < 12) return 1;
+    if (u16(e) != 0x0112) continue;
+    if (u16(e + 2) != 3 || u32(e + 4) != 1) return 1;  // one SHORT
+    const unsigned v = u16(e + 8);
+    return v >= 1 && v <= 8 ? static_cast<int>(v) : 1;
+  }
+  return 1;
+}
+
 }  // namespace
 
 struct JpegDecoder::State {
   jpeg_decompress_struct cinfo{};
   ErrorManager err{};
   DecodeLimits limits;
+  DecodeOptions options;
   std::vector<uint8_t> buffer;
-  std::vector<JSAMPROW> rows;
+  std::vector<JSAMPROW> rows;  // pointers into `buffer`, one per decoded row
   bool started = false;  // a header was read and the decompressor is mid-image
 
-  explicit State(DecodeLimits l) : limits(l) {
+  State(DecodeLimits l, DecodeOptions o) : limits(l), options(o) {
+    if (options.channels != 3 && options.channels != 4) {
+      throw std::invalid_argument("DecodeOptions::channels must be 3 or 4");
+    }
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error;
     err.pub.emit_message = on_message;
     jpeg_create_decompress(&cinfo);
+    // Kept across images: APP1 (EXIF) markers are saved only when the orientation is wanted.
+    if (options.read_orientation) jpeg_save_markers(&cinfo, JPEG_APP0 + 1, 0xFFFF);
   }
   ~State() { jpeg_destroy_decompress(&cinfo); }
   State(const State&) = delete;
@@ -98,6 +141,13 @@ struct JpegDecoder::State {
     header.components = cinfo.num_components;
     header.progressive = cinfo.progressive_mode != 0;
     header.color_space = color_space_name(cinfo.jpeg_color_space);
+    if (options.read_orientation) {
+      for (jpeg_saved_marker_ptr m = cinfo.marker_list; m != nullptr; m = m->next) {
+        if (m->marker != JPEG_APP0 + 1) continue;
+        header.orientation = exif_orientation(m->data, m->data_length);
+        if (header.orientation != 1) break;
+      }
+    }
     uint64_t pixels = static_cast<uint64_t>(header.width) * static_cast<uint64_t>(header.height);
     if (pixels > limits.max_pixels) {
       abort();
@@ -122,9 +172,12 @@ struct JpegDecoder::State {
   // Decodes the scaled region's rows into `buffer`, under setjmp.
   void read_rows(int scale, int x, int y, int width, int height, bool cmyk) {
     if (setjmp(err.jump)) fail();
-    cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+    cinfo.out_color_space = cmyk ? JCS_CMYK : options.channels == 4 ? JCS_EXT_RGBX : JCS_RGB;
     cinfo.scale_num = static_cast<unsigned>(scale);
     cinfo.scale_denom = 8;
+    // Off: at 8/8 with 4:2:0 or 4:2:2 libjpeg-turbo then upsamples and converts colors in one
+    // SIMD pass (merged upsampling).
+    cinfo.do_fancy_upsampling = options.fast_upsampling ? FALSE : TRUE;
     jpeg_start_decompress(&cinfo);
     Geometry& g = geometry;
     const int out_w = static_cast<int>(cinfo.output_width);
@@ -140,10 +193,16 @@ struct JpegDecoder::State {
     const size_t row_bytes = static_cast<size_t>(g.crop_w) * static_cast<size_t>(cinfo.output_components);
     const size_t need = row_bytes * static_cast<size_t>(g.sy1 - g.sy0);
     if (buffer.size() < need) buffer.resize(need);
+    const size_t count = static_cast<size_t>(g.sy1 - g.sy0);
+    if (rows.size() < count) rows.resize(count);
+    for (size_t i = 0; i < count; ++i) rows[i] = buffer.data() + i * row_bytes;
     if (g.sy0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(g.sy0));
+    // Asking for every remaining row at once lets libjpeg write whole row groups in place (one
+    // row at a time, the merged upsampler copies every second row through a spare row).
     while (cinfo.output_scanline < static_cast<JDIMENSION>(g.sy1)) {
-      JSAMPROW row = buffer.data() + (cinfo.output_scanline - static_cast<JDIMENSION>(g.sy0)) * row_bytes;
-      jpeg_read_scanlines(&cinfo, &row, 1);
+      const JDIMENSION done = cinfo.output_scanline - static_cast<JDIMENSION>(g.sy0);
+      jpeg_read_scanlines(&cinfo, rows.data() + done,
+                          static_cast<JDIMENSION>(g.sy1) - cinfo.output_scanline);
     }
     // Rows below the region are never decoded.
     jpeg_abort_decompress(&cinfo);
@@ -160,6 +219,8 @@ struct JpegDecoder::State {
 
     int scale = 8;
     for (int m = 1; m <= 8; ++m) {
+      // 1/8, 2/8, 4/8 and 8/8 are the sizes libjpeg-turbo has SIMD IDCTs for (see jpeg.h).
+      if (!options.any_scale && (m & (m - 1)) != 0) continue;
       if (ceil_div(static_cast<long long>(width) * m, 8) >= min_width &&
           ceil_div(static_cast<long long>(height) * m, 8) >= min_height) {
         scale = m;
@@ -174,8 +235,10 @@ struct JpegDecoder::State {
     const int sx0 = geometry.sx0, sx1 = geometry.sx1;
     const JDIMENSION crop_x = geometry.crop_x;
 
+    const size_t channels = static_cast<size_t>(options.channels);
     if (cmyk) {
-      // In place, 4 bytes per pixel -> 3, front to back (the write never overtakes the read).
+      // In place, 4 bytes per pixel -> `channels`, front to back (the write never overtakes the
+      // read).
       const size_t pixels = static_cast<size_t>(crop_w) * static_cast<size_t>(rows);
       uint8_t* p = buffer.data();
       for (size_t i = 0; i < pixels; ++i) {
@@ -186,14 +249,15 @@ struct JpegDecoder::State {
           yel = 255 - yel;
           k = 255 - k;
         }
-        p[3 * i] = static_cast<uint8_t>(c * k / 255);
-        p[3 * i + 1] = static_cast<uint8_t>(m * k / 255);
-        p[3 * i + 2] = static_cast<uint8_t>(yel * k / 255);
+        p[channels * i] = static_cast<uint8_t>(c * k / 255);
+        p[channels * i + 1] = static_cast<uint8_t>(m * k / 255);
+        p[channels * i + 2] = static_cast<uint8_t>(yel * k / 255);
       }
     }
     DecodedImage image;
-    image.stride = static_cast<size_t>(crop_w) * 3;
-    image.pixels = buffer.data() + static_cast<size_t>(sx0 - static_cast<int>(crop_x)) * 3;
+    image.channels = options.channels;
+    image.stride = static_cast<size_t>(crop_w) * channels;
+    image.pixels = buffer.data() + static_cast<size_t>(sx0 - static_cast<int>(crop_x)) * channels;
     image.width = sx1 - sx0;
     image.height = rows;
     image.scale = scale;
@@ -201,7 +265,8 @@ struct JpegDecoder::State {
   }
 };
 
-JpegDecoder::JpegDecoder(DecodeLimits limits) : state_(std::make_unique<State>(limits)) {}
+JpegDecoder::JpegDecoder(DecodeLimits limits, DecodeOptions options)
+    : state_(std::make_unique<State>(limits, options)) {}
 JpegDecoder::~JpegDecoder() = default;
 JpegDecoder::JpegDecoder(JpegDecoder&&) noexcept = default;
 JpegDecoder& JpegDecoder::operator=(JpegDecoder&&) noexcept = default;

@@ -4,7 +4,8 @@
 // hands it (a row of a pinned batch slot), so nothing is allocated or copied per sample between
 // the file and the batch. The image sources (ImageFolder, FileList, in-memory JPEG bytes) decode
 // with libjpeg-turbo through JpegDecoder, decoding only the crop they need at the smallest DCT
-// scale that still covers the output, then resize with OpenCV and flip/transpose into the row.
+// scale that still covers the output (as RGBX), then resize with OpenCV and flip/split into the
+// row.
 //
 // Requires: write_sample() may be called concurrently from `workers` threads, each passing its
 // own worker number (0 .. workers-1) as given to prepare(); a source keeps per-worker state
@@ -77,6 +78,9 @@ struct ImageTransform {
   double flip_probability = 0.5;  // horizontal flip (0 disables)
   ImageLayout layout = ImageLayout::kCHW;
   DecodeLimits limits;            // rejects decompression bombs before allocating
+  // Honour the EXIF orientation tag: the crop is chosen in, and the output shows, the upright
+  // image. Off by default, as torchvision's decode_jpeg and PIL's open leave it to the caller.
+  bool exif_orientation = false;
 
   static ImageTransform train(int size = 224);
   static ImageTransform eval(int size = 224, int resize = 256);

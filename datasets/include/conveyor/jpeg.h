@@ -2,9 +2,15 @@
 //
 // What it is for: turning JPEG bytes into RGB uint8 pixels as cheaply as possible. A request names
 // a region of the source image and the smallest size the caller needs it at; the decoder picks the
-// smallest DCT scale M/8 (M = 1..8) that keeps the region at least that large, skips the rows above
-// and below it (jpeg_skip_scanlines, and stopping after its last row) and decodes only the iMCU
-// columns that cover it (jpeg_crop_scanline).
+// smallest DCT scale M/8 that keeps the region at least that large, skips the rows above and below
+// it (jpeg_skip_scanlines, and stopping after its last row) and decodes only the iMCU columns that
+// cover it (jpeg_crop_scanline). By default M is one of 1, 2, 4, 8: the only sizes libjpeg-turbo
+// has SIMD inverse DCTs for (the others run its scalar C IDCTs, and at 3/8, 5/8, 6/8 and 7/8 it
+// also upsamples the chroma through a scalar IDCT of twice the size, e.g. 12x12 at 6/8); on
+// photo-like 500x375 RandomResizedCrop boxes the SIMD-only choice and a larger resize cost 15%
+// fewer instructions per image than any M. DecodeOptions::any_scale restores every M = 1..8.
+// Scales above 8/8 (libjpeg-turbo's 9/8 .. 16/8) are never used: they run scalar IDCTs too and
+// upsampling small crops after an 8/8 decode is cheaper.
 //
 // Requires: one JpegDecoder per thread; it is reused across images and is not thread-safe.
 // Guarantees: every JPEG that libjpeg-turbo reads decodes to RGB (baseline, progressive,
@@ -33,15 +39,33 @@ struct DecodeLimits {
   uint64_t max_pixels = 100'000'000;  // width x height above this is rejected (decompression bomb)
 };
 
+// How a JpegDecoder decodes; fixed for its lifetime.
+struct DecodeOptions {
+  // 3: RGB pixels. 4: RGBX pixels (the fourth byte is unspecified), which OpenCV resizes and
+  // splits into planes faster than 3-byte pixels.
+  int channels = 3;
+  // Upsample subsampled chroma by replication (libjpeg-turbo's merged upsample + color conversion
+  // at 8/8) instead of its triangle filter. Chroma edges move by up to one pixel; cheaper.
+  bool fast_upsampling = false;
+  // Consider every DCT scale M/8, M = 1..8, instead of only the SIMD ones (1, 2, 4, 8).
+  bool any_scale = false;
+  // Read the EXIF orientation tag (APP1) into JpegHeader::orientation; otherwise it is 1.
+  bool read_orientation = false;
+};
+
 struct JpegHeader {
   int width = 0;
   int height = 0;
   int components = 0;
   bool progressive = false;
   std::string color_space;  // "gray", "ycbcr", "rgb", "cmyk", "ycck" or "unknown"
+  // EXIF orientation 1..8 (1: as stored; 2..8: how the stored pixels must be mirrored/rotated to
+  // display upright, as in TIFF/EXIF). 1 when absent, malformed or not asked for.
+  int orientation = 1;
 };
 
-// A decoded region: `height` rows of `width` RGB pixels, `stride` bytes apart. `scale` is the DCT
+// A decoded region: `height` rows of `width` pixels of `channels` bytes (RGB or RGBX, as
+// DecodeOptions::channels asks), `stride` bytes apart. `scale` is the DCT
 // numerator used (of 8); the region maps to source pixels by the factor scale/8. Valid until the
 // next call on the same decoder.
 struct DecodedImage {
@@ -49,12 +73,13 @@ struct DecodedImage {
   int width = 0;
   int height = 0;
   size_t stride = 0;
+  int channels = 3;
   int scale = 8;
 };
 
 class JpegDecoder {
  public:
-  explicit JpegDecoder(DecodeLimits limits = {});
+  explicit JpegDecoder(DecodeLimits limits = {}, DecodeOptions options = {});
   ~JpegDecoder();
   JpegDecoder(JpegDecoder&&) noexcept;
   JpegDecoder& operator=(JpegDecoder&&) noexcept;
@@ -67,9 +92,9 @@ class JpegDecoder {
   // Decodes the whole image at full size.
   DecodedImage decode(const uint8_t* data, size_t size);
 
-  // Decodes the source region (x, y, width, height) at the smallest scale M/8 whose scaled region
-  // is at least min_width x min_height (full scale if none is). The returned image is exactly the
-  // scaled region (rounded outwards to whole pixels).
+  // Decodes the source region (x, y, width, height) at the smallest scale M/8 (M as the options
+  // allow) whose scaled region is at least min_width x min_height (full scale if none is). The
+  // returned image is exactly the scaled region (rounded outwards to whole pixels).
   DecodedImage decode_region(const uint8_t* data, size_t size, int x, int y, int width, int height,
                              int min_width, int min_height);
 
