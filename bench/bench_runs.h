@@ -35,7 +35,7 @@ struct RunResult {
   double p50_ms = 0, p99_ms = 0;
   double wait_fraction = 0;
   std::vector<std::pair<int, double>> scale_shares;  // DCT numerator -> share of samples
-  std::map<std::string, double> extra;              // GPU figures and the like
+  std::map<std::string, double> extra;               // GPU figures and the like
 };
 
 RunResult run_conveyor(const BenchConfig& config);

@@ -69,15 +69,24 @@ BenchConfig parse(int argc, char** argv) {
       if (end == v.c_str() || *end != '\0' || n == 0) usage(a + " needs a positive integer");
       return static_cast<size_t>(n);
     };
-    if (a == "--help" || a == "-h") usage("");
-    else if (a == "--data") c.data = value();
-    else if (a == "--generate") generate = number(value());
-    else if (a == "--batch-size") c.batch_size = number(value());
-    else if (a == "--workers") c.workers = number(value());
-    else if (a == "--epochs") c.epochs = number(value());
-    else if (a == "--crop") c.crop = static_cast<int>(number(value()));
-    else if (a == "--device") c.device = value();
-    else if (a == "--json") c.json = value();
+    if (a == "--help" || a == "-h")
+      usage("");
+    else if (a == "--data")
+      c.data = value();
+    else if (a == "--generate")
+      generate = number(value());
+    else if (a == "--batch-size")
+      c.batch_size = number(value());
+    else if (a == "--workers")
+      c.workers = number(value());
+    else if (a == "--epochs")
+      c.epochs = number(value());
+    else if (a == "--crop")
+      c.crop = static_cast<int>(number(value()));
+    else if (a == "--device")
+      c.device = value();
+    else if (a == "--json")
+      c.json = value();
     else if (a == "--on-error") {
       std::string p = value();
       if (p != "raise" && p != "skip") usage("--on-error takes raise or skip");
@@ -116,8 +125,8 @@ BenchConfig parse(int argc, char** argv) {
 }
 
 void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const RunResult& main) {
-  std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu\n",
-              c.data.c_str(), c.batch_size, c.workers, c.crop, c.epochs);
+  std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu\n", c.data.c_str(),
+              c.batch_size, c.workers, c.crop, c.epochs);
   std::printf("mode: %s\n", main.mode.c_str());
   std::printf("%-14s %12s %10s %12s\n", "run", "images/s", "images", "vs conveyor");
   for (const auto& r : runs) {
@@ -177,7 +186,8 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
     std::string key = r.name;
     std::replace(key.begin(), key.end(), '-', '_');
     field(key + "_images_per_s", std::to_string(r.images_per_s));
-    field(key + "_ratio", std::to_string(r.images_per_s > 0 ? main.images_per_s / r.images_per_s : 0));
+    field(key + "_ratio",
+          std::to_string(r.images_per_s > 0 ? main.images_per_s / r.images_per_s : 0));
   }
   field("cuda_available", cuda_available() ? "true" : "false", true);
   out << "}\n";

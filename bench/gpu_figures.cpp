@@ -26,7 +26,8 @@ class UntouchedImages : public SampleSource {
   UntouchedImages(size_t n, int crop) : n_(n), crop_(crop) {}
   size_t size() const override { return n_; }
   std::vector<FieldSpec> fields() const override {
-    return {{"image", c10::ScalarType::Byte, {3, crop_, crop_}}, {"label", c10::ScalarType::Long, {}}};
+    return {{"image", c10::ScalarType::Byte, {3, crop_, crop_}},
+            {"label", c10::ScalarType::Long, {}}};
   }
   void write_sample(const SampleContext& ctx, std::byte* const* fields) override {
     const auto label = static_cast<int64_t>(ctx.index);
@@ -44,15 +45,18 @@ void check(cudaError_t err) {
 
 double plain_pinned_copy_gbps(size_t bytes, int reps, c10::Device device) {
   HostBuffer host(bytes);
-  at::Tensor dst = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+  at::Tensor dst =
+      at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
   c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
   for (int i = 0; i < 2; ++i) {
-    check(cudaMemcpyAsync(dst.data_ptr(), host.data(), bytes, cudaMemcpyHostToDevice, stream.stream()));
+    check(cudaMemcpyAsync(dst.data_ptr(), host.data(), bytes, cudaMemcpyHostToDevice,
+                          stream.stream()));
   }
   check(cudaStreamSynchronize(stream.stream()));
   double t0 = now_seconds();
   for (int i = 0; i < reps; ++i) {
-    check(cudaMemcpyAsync(dst.data_ptr(), host.data(), bytes, cudaMemcpyHostToDevice, stream.stream()));
+    check(cudaMemcpyAsync(dst.data_ptr(), host.data(), bytes, cudaMemcpyHostToDevice,
+                          stream.stream()));
   }
   check(cudaStreamSynchronize(stream.stream()));
   return static_cast<double>(bytes) * reps / (now_seconds() - t0) / 1e9;
@@ -97,9 +101,11 @@ void add_gpu_figures(const BenchConfig& config, RunResult& result) {
   result.extra["h2d_ratio"] = result.extra["h2d_gb_per_s"] / result.extra["h2d_peak_gb_per_s"];
 
   // Calibrate the workload to 1.5x Conveyor's time per batch.
-  at::Tensor weights = at::randn({4096, 4096}, at::TensorOptions().dtype(at::kBFloat16).device(device)) * 0.01;
-  at::Tensor probe = at::zeros({static_cast<int64_t>(config.batch_size), 3, config.crop, config.crop},
-                               at::TensorOptions().dtype(at::kByte).device(device));
+  at::Tensor weights =
+      at::randn({4096, 4096}, at::TensorOptions().dtype(at::kBFloat16).device(device)) * 0.01;
+  at::Tensor probe =
+      at::zeros({static_cast<int64_t>(config.batch_size), 3, config.crop, config.crop},
+                at::TensorOptions().dtype(at::kByte).device(device));
   step(probe, weights, 10);
   c10::cuda::device_synchronize();
   double t0 = now_seconds();
@@ -125,8 +131,7 @@ void add_gpu_figures(const BenchConfig& config, RunResult& result) {
   c10::cuda::device_synchronize();
   const double resident_s = now_seconds() - t0;
 
-  loader.begin();  // a fresh epoch, fed by Conveyor
-  t0 = now_seconds();
+  t0 = now_seconds();  // the range-for's begin() starts a fresh epoch, fed by Conveyor
   size_t fed = 0;
   for (Batch& b : loader) {
     step(b.images(), weights, matmuls);

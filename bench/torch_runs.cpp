@@ -7,9 +7,9 @@
 //   naive:       the torch run with pageable memory and a blocking .to(device) per batch.
 #include <memory>
 
-#include <opencv2/imgproc.hpp>
 #include <torch/torch.h>
 #include <turbojpeg.h>
+#include <opencv2/imgproc.hpp>
 
 #include "bench_runs.h"
 #include "conveyor/conveyor.h"
@@ -48,10 +48,11 @@ class PhotoDataset : public torch::data::datasets::Dataset<PhotoDataset> {
       }
       CropBox box = choose_crop(transform_, w, h, 0, epoch_, index);
       cv::Mat resized;
-      cv::resize(full(cv::Rect(box.x, box.y, box.width, box.height)), resized, cv::Size(s, s), 0,
-                 0, cv::INTER_LINEAR);
+      cv::resize(full(cv::Rect(box.x, box.y, box.width, box.height)), resized, cv::Size(s, s), 0, 0,
+                 cv::INTER_LINEAR);
       if (box.flip) cv::flip(resized, resized, 1);
-      image = torch::from_blob(resized.data, {s, s, 3}, torch::kUInt8).permute({2, 0, 1}).contiguous();
+      image =
+          torch::from_blob(resized.data, {s, s, 3}, torch::kUInt8).permute({2, 0, 1}).contiguous();
     }
     return {image, torch::tensor(item.label, torch::kInt64)};
   }

@@ -28,15 +28,15 @@ struct Combo {
 
 TEST(Loader, EveryIndexExactlyOncePerEpochAcrossCombinations) {
   const std::vector<Combo> combos = {
-      {1, 1, 1, false, true},    {7, 3, 2, false, true},   {7, 3, 2, true, true},
-      {64, 8, 8, false, false},  {100, 7, 8, true, false}, {100, 7, 1, false, true},
+      {1, 1, 1, false, true},     {7, 3, 2, false, true},   {7, 3, 2, true, true},
+      {64, 8, 8, false, false},   {100, 7, 8, true, false}, {100, 7, 1, false, true},
       {257, 32, 2, false, false}, {33, 64, 8, false, true}, {33, 64, 2, true, true},
       {1000, 10, 8, false, true},
   };
   for (const Combo& c : combos) {
-    SCOPED_TRACE("n=" + std::to_string(c.n) + " batch=" + std::to_string(c.batch) +
-                 " workers=" + std::to_string(c.workers) + " drop_last=" +
-                 std::to_string(c.drop_last) + " ordered=" + std::to_string(c.ordered));
+    SCOPED_TRACE("n=" + std::to_string(c.n) + " batch=" + std::to_string(c.batch) + " workers=" +
+                 std::to_string(c.workers) + " drop_last=" + std::to_string(c.drop_last) +
+                 " ordered=" + std::to_string(c.ordered));
     LoaderOptions o;
     o.batch_size = c.batch;
     o.workers = c.workers;
@@ -100,6 +100,22 @@ TEST(Loader, SameSeedAndEpochGiveTheSameOrderWithOneOrEightWorkers) {
   std::vector<int64_t> all(103);
   std::iota(all.begin(), all.end(), 0);
   EXPECT_EQ(sorted, all);
+}
+
+TEST(Loader, SetEpochChoosesTheNextEpochsOrder) {
+  LoaderOptions o;
+  o.batch_size = 5;
+  o.workers = 2;
+  DataLoader loader(std::make_shared<IndexSource>(103), o, RandomSampler::make(42));
+  loader.set_epoch(1);
+  std::vector<int64_t> order;
+  for (Batch& b : loader) {
+    EXPECT_EQ(b.epoch, 1u);
+    auto v = values(b);
+    order.insert(order.end(), v.begin(), v.end());
+  }
+  EXPECT_EQ(loader.epoch(), 1u);
+  EXPECT_EQ(order, epoch_order(3, 2)) << "epoch 1 of a fresh loader is the same permutation";
 }
 
 TEST(Loader, SequentialSamplerIsInOrder) {
@@ -303,6 +319,87 @@ TEST(Loader, NoSlotIsReusedBeforeItsCopyFinished) {
   EXPECT_GE(probe->copies.load(), 100u);
 }
 
+// A copy stage that fails to start the copy of chosen batches (an out-of-memory on the device,
+// say), handing the slot back as the CopyEngine contract requires.
+class FailingCopyEngine : public LateCopyEngine {
+ public:
+  explicit FailingCopyEngine(std::set<int> fail_calls)
+      : LateCopyEngine(1ms), fail_(std::move(fail_calls)) {}
+  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, void* event,
+                                std::function<void()> on_finished) override {
+    if (fail_.count(calls_++)) {
+      on_finished();
+      throw std::runtime_error("synthetic device out of memory");
+    }
+    return LateCopyEngine::start(host, event, std::move(on_finished));
+  }
+
+ private:
+  std::set<int> fail_;
+  int calls_ = 0;
+};
+
+TEST(Loader, AFailedCopyFailsOnlyItsBatchAndTheLoaderGoesOn) {
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  o.slots = 3;
+  DataLoader loader(std::make_shared<IndexSource>(40), o, nullptr,
+                    std::make_unique<FailingCopyEngine>(std::set<int>{2, 3, 4}));
+  std::vector<int64_t> seen;
+  size_t failures = 0;
+  finishes_within(20s, "failed copies", [&] {
+    for (;;) {
+      try {
+        auto b = loader.next();
+        if (!b) break;
+        auto v = values(*b);
+        seen.insert(seen.end(), v.begin(), v.end());
+      } catch (const std::runtime_error& e) {
+        EXPECT_NE(std::string(e.what()).find("synthetic device out of memory"), std::string::npos);
+        ++failures;
+      }
+    }
+  });
+  EXPECT_EQ(failures, 3u);
+  EXPECT_EQ(seen.size(), 28u);  // the 7 other batches, each index once, in order
+  for (size_t i = 1; i < seen.size(); ++i) EXPECT_LT(seen[i - 1], seen[i]);
+  // Every slot came back: a full second epoch runs.
+  size_t rows = 0;
+  for (Batch& b : loader) rows += b.size();
+  EXPECT_EQ(rows, 40u);
+}
+
+// A sampler whose second epoch fails: begin() throws and the epoch in progress carries on.
+class SecondEpochFails : public Sampler {
+ public:
+  void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override {
+    if (epoch == 1) throw std::runtime_error("sampler broke");
+    SequentialSampler().indices(n, epoch, out);
+  }
+};
+
+TEST(Loader, AThrowingSamplerLeavesTheCurrentEpochIntact) {
+  LoaderOptions o;
+  o.batch_size = 5;
+  o.workers = 2;
+  DataLoader loader(std::make_shared<IndexSource>(20), o, std::make_unique<SecondEpochFails>());
+  auto first = loader.next();
+  ASSERT_TRUE(first);
+  EXPECT_THROW(loader.start_epoch(), std::runtime_error);
+  EXPECT_EQ(loader.epoch(), 0u);
+  std::vector<int64_t> rest;
+  finishes_within(10s, "epoch after a failed begin", [&] {
+    while (auto b = loader.next()) {
+      auto v = values(*b);
+      rest.insert(rest.end(), v.begin(), v.end());
+    }
+  });
+  std::vector<int64_t> expected(15);
+  std::iota(expected.begin(), expected.end(), 5);
+  EXPECT_EQ(rest, expected);
+}
+
 TEST(Loader, RingMemoryIsConstantAcrossFiftyEpochs) {
   LoaderOptions o;
   o.batch_size = 16;
@@ -334,8 +431,8 @@ TEST(Loader, UserHoldingEveryBatchDoesNotDeadlock) {
   ASSERT_EQ(kept.size(), 20u);
   EXPECT_GT(loader.stats().copies_to_host, 0u) << "with every slot held, batches come as copies";
   for (size_t i = 0; i < kept.size(); ++i) {
-    EXPECT_EQ(values(kept[i]), (std::vector<int64_t>{static_cast<int64_t>(2 * i),
-                                                     static_cast<int64_t>(2 * i + 1)}));
+    EXPECT_EQ(values(kept[i]),
+              (std::vector<int64_t>{static_cast<int64_t>(2 * i), static_cast<int64_t>(2 * i + 1)}));
   }
 }
 

@@ -2,13 +2,13 @@
 // misbehave on purpose (throwing, slow, late copies).
 #pragma once
 
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <unistd.h>
-#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -53,13 +53,14 @@ class TempDir {
 inline void write_bytes(const std::filesystem::path& path, const std::vector<uint8_t>& bytes) {
   std::filesystem::create_directories(path.parent_path());
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
 }
 
 // Writes a small ImageFolder: `per_class` photo-like JPEGs of w x h in each class.
 inline void make_small_folder(const std::filesystem::path& root,
-                              const std::vector<std::string>& classes, size_t per_class,
-                              int w = 64, int h = 48) {
+                              const std::vector<std::string>& classes, size_t per_class, int w = 64,
+                              int h = 48) {
   uint64_t seed = 1;
   for (const auto& c : classes) {
     for (size_t i = 0; i < per_class; ++i) {

@@ -160,7 +160,12 @@ DataLoader::DataLoader(std::shared_ptr<SampleSource> source, LoaderOptions optio
     field_bytes_.push_back(f.sample_bytes());
     ring.layout.field_bytes.push_back(f.sample_bytes() * options_.batch_size);
   }
-  ring.memory = options_.pin_memory ? HostBuffer::Kind::kAuto : HostBuffer::Kind::kPageable;
+  // The ring is pinned when batches are copied to a CUDA device (required for asynchronous
+  // copies), on that device. CPU batches view pageable slots; pin_memory then hands them out as
+  // copies in LibTorch's pinned host memory, whose non_blocking copies LibTorch tracks.
+  const bool to_cuda = engine_ && engine_->device().is_cuda();
+  ring.memory = to_cuda ? HostBuffer::Kind::kAuto : HostBuffer::Kind::kPageable;
+  if (to_cuda) ring.cuda_device = engine_->device().has_index() ? engine_->device().index() : 0;
   shared_ = std::make_shared<Shared>(std::move(ring));
   for (size_t i = 0; i < options_.slots; ++i) {
     meta_.push_back(std::make_unique<SlotMeta>());
@@ -168,8 +173,15 @@ DataLoader::DataLoader(std::shared_ptr<SampleSource> source, LoaderOptions optio
   }
   reorder_.assign(options_.slots, -1);
   source_->prepare(options_.workers);
-  for (size_t w = 0; w < options_.workers; ++w) {
-    workers_.emplace_back([this, w] { worker_loop(w); });
+  try {
+    for (size_t w = 0; w < options_.workers; ++w) {
+      workers_.emplace_back([this, w] { worker_loop(w); });
+    }
+  } catch (...) {  // no destructor will run: stop the workers already started
+    stop_.store(true);
+    jobs_count_.release(static_cast<std::ptrdiff_t>(workers_.size()));
+    workers_.clear();
+    throw;
   }
 }
 
@@ -184,7 +196,7 @@ void DataLoader::join() {
   shared_->ring.close();
   workers_.clear();  // joins
   staged_.clear();
-  engine_.reset();   // waits for outstanding copies and their callbacks
+  engine_.reset();  // waits for outstanding copies and their callbacks
 }
 
 size_t DataLoader::batches_per_epoch() const {
@@ -265,6 +277,14 @@ void DataLoader::fill(size_t worker, uint32_t slot) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
 }
 
+std::string DataLoader::describe(size_t index) const {
+  try {
+    return source_->describe(index);
+  } catch (...) {
+    return "sample " + std::to_string(index);
+  }
+}
+
 bool DataLoader::write_with_policy(size_t worker, size_t index, std::byte* const* rows,
                                    SlotMeta& meta) {
   SampleContext ctx{worker, index, options_.seed, meta.epoch};
@@ -280,8 +300,11 @@ bool DataLoader::write_with_policy(size_t worker, size_t index, std::byte* const
         std::lock_guard<std::mutex> lock(skipped_mutex_);
         ++skipped_;
         if (skipped_samples_.size() < kMaxSkipRecords) {
-          skipped_samples_.push_back(
-              {index, source_->describe(index), exception_message(error), meta.epoch});
+          try {
+            skipped_samples_.push_back(
+                {index, describe(index), exception_message(error), meta.epoch});
+          } catch (...) {  // out of memory for the record: the count above still holds
+          }
         }
       }
       const size_t n = source_->size();
@@ -301,8 +324,12 @@ bool DataLoader::write_with_policy(size_t worker, size_t index, std::byte* const
     }
     meta.error = error;
     meta.error_index = index;
-    meta.error_path = source_->describe(index);
-    meta.error_message = exception_message(error);
+    try {
+      meta.error_path = describe(index);
+      meta.error_message = exception_message(error);
+    } catch (...) {
+      meta.error_message = "(the error could not be described)";
+    }
     return false;
   }
 }
@@ -312,20 +339,23 @@ bool DataLoader::write_with_policy(size_t worker, size_t index, std::byte* const
 
 void DataLoader::start_epoch() {
   if (joined_) throw std::logic_error("conveyor: the DataLoader was joined; it yields no batches");
-  if (started_) {
-    cancel_epoch();
-    ++epoch_;
-  }
-  started_ = true;
-  // No batch is dispatched now, so no worker reads order_.
-  sampler_->indices(source_->size(), epoch_, order_);
-  for (size_t index : order_) {
+  // The new order is made and checked before anything changes, so a throwing sampler leaves the
+  // current epoch as it was.
+  const uint64_t epoch = next_epoch_ ? *next_epoch_ : started_ ? epoch_ + 1 : epoch_;
+  std::vector<size_t> order;
+  sampler_->indices(source_->size(), epoch, order);
+  for (size_t index : order) {
     if (index >= source_->size()) {
       throw std::out_of_range("conveyor: the sampler yielded index " + std::to_string(index) +
                               " but the dataset has " + std::to_string(source_->size()) +
                               " samples");
     }
   }
+  if (started_) cancel_epoch();
+  next_epoch_.reset();
+  epoch_ = epoch;
+  started_ = true;
+  order_.swap(order);  // no batch is dispatched now, so no worker reads order_
   const size_t b = options_.batch_size;
   num_batches_ = options_.drop_last ? order_.size() / b : (order_.size() + b - 1) / b;
   generation_.fetch_add(1);
@@ -333,6 +363,7 @@ void DataLoader::start_epoch() {
   collected_ = 0;
   next_sequence_ = 0;
   next_stage_ = 0;
+  deferred_failure_ = nullptr;
   std::fill(reorder_.begin(), reorder_.end(), -1);
   top_up();
 }
@@ -359,16 +390,26 @@ void DataLoader::top_up() {
 // Waits for a free slot and dispatches the next batch. A slot always comes: the user never holds
 // every slot (see next()) and copies finish on their own.
 bool DataLoader::dispatch_blocking() {
-  std::optional<uint32_t> slot = options_.timeout
-                                     ? shared_->ring.try_acquire_for(*options_.timeout)
-                                     : shared_->ring.acquire();
-  if (!slot) {
-    throw TimeoutError("conveyor: no batch slot came free within " +
-                       std::to_string(options_.timeout ? options_.timeout->count() : 0) +
-                       " ms (batch " + std::to_string(dispatched_) + " of epoch " +
-                       std::to_string(epoch_) + ")");
+  // Wait in short steps so that a copy stage that can no longer finish (a sticky CUDA error)
+  // becomes an exception instead of a hang.
+  const auto deadline =
+      options_.timeout ? Clock::now() + *options_.timeout : Clock::time_point::max();
+  for (;;) {
+    auto step = std::chrono::milliseconds(200);
+    if (options_.timeout) {
+      step = std::min(step, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::max(deadline - Clock::now(), Clock::duration::zero())));
+    }
+    std::optional<uint32_t> slot = shared_->ring.try_acquire_for(step);
+    if (slot) return dispatch(*slot);
+    if (shared_->ring.closed()) throw std::logic_error("conveyor: the DataLoader was joined");
+    if (engine_) engine_->check();
+    if (Clock::now() >= deadline) {
+      throw TimeoutError("conveyor: no batch slot came free within " +
+                         std::to_string(options_.timeout->count()) + " ms (batch " +
+                         std::to_string(dispatched_) + " of epoch " + std::to_string(epoch_) + ")");
+    }
   }
-  return dispatch(*slot);
 }
 
 void DataLoader::cancel_epoch() {
@@ -415,8 +456,8 @@ uint32_t DataLoader::take_next(bool blocking) {
     if (take_ready(slot)) return slot;
     top_up();
     // Nothing that could deliver the wanted batch is in flight: dispatch it.
-    const bool in_flight = options_.enforce_ordering ? wanted() < dispatched_
-                                                     : collected_ < dispatched_;
+    const bool in_flight =
+        options_.enforce_ordering ? wanted() < dispatched_ : collected_ < dispatched_;
     if (!in_flight) {
       if (!blocking) return UINT32_MAX;
       dispatch_blocking();
@@ -474,10 +515,14 @@ Batch DataLoader::host_batch(uint32_t slot, bool zero_copy) {
   batch.sequence = meta.sequence;
   for (const auto& f : fields_) batch.names.push_back(f.name);
   std::vector<at::Tensor> views = slot_views(slot, meta.indices.size());
-  if (!zero_copy) {
-    for (auto& v : views) batch.fields.push_back(v.clone());
+  const bool pinned_copy = options_.pin_memory && cuda_available();
+  if (!zero_copy || pinned_copy) {
+    for (auto& v : views) {
+      batch.fields.push_back(
+          pinned_copy ? at::empty(v.sizes(), v.options().pinned_memory(true)).copy_(v) : v.clone());
+    }
     shared_->ring.release(slot);
-    ++copies_to_host_;
+    if (!zero_copy) ++copies_to_host_;
     return batch;
   }
   // The slot returns to the ring when the last tensor viewing it is released.
@@ -520,8 +565,13 @@ void DataLoader::stage_copies(bool need_one) {
       for (const auto& f : fields_) staged->batch.names.push_back(f.name);
       std::vector<at::Tensor> views = slot_views(slot, meta.indices.size());
       staged->event = shared_->ring.begin_copy(slot);
-      staged->batch.fields = engine_->start(
-          views, staged->event, [shared = shared_, slot] { shared->ring.copy_finished(slot); });
+      try {
+        staged->batch.fields = engine_->start(
+            views, staged->event, [shared = shared_, slot] { shared->ring.copy_finished(slot); });
+      } catch (...) {  // the engine has handed the slot back through on_finished
+        staged->failure = std::current_exception();
+        staged->batch.fields.clear();
+      }
     }
     staged_.push_back(std::move(staged));
     copy_issue_seconds_ += seconds_since(t0);
@@ -533,13 +583,19 @@ std::optional<Batch> DataLoader::next() {
   if (!started_) start_epoch();
   if (next_sequence_ >= num_batches_) return std::nullopt;
   if (engine_) {
+    if (deferred_failure_) std::rethrow_exception(std::exchange(deferred_failure_, nullptr));
     stage_copies(/*need_one=*/true);
     std::unique_ptr<Staged> staged = std::move(staged_.front());
     staged_.pop_front();
     ++next_sequence_;
-    stage_copies(/*need_one=*/false);  // keep the device prefetch_factor batches ahead
     if (staged->failure) std::rethrow_exception(staged->failure);
+    // Order the caller after this batch's copy before the slot's event can be re-recorded.
     engine_->make_visible(staged->batch.fields, staged->event);
+    try {
+      stage_copies(/*need_one=*/false);  // keep the device prefetch_factor batches ahead
+    } catch (...) {
+      deferred_failure_ = std::current_exception();  // this batch is good: report it next time
+    }
     ++batches_;
     samples_ += staged->batch.size();
     return std::move(staged->batch);

@@ -19,6 +19,23 @@ std::string cuda_message(cudaError_t err) {
   return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
 }
 
+// Makes `device` current for the scope and restores the previous one (RAII over cudaSetDevice).
+class CurrentDevice {
+ public:
+  explicit CurrentDevice(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~CurrentDevice() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  CurrentDevice(const CurrentDevice&) = delete;
+  CurrentDevice& operator=(const CurrentDevice&) = delete;
+
+ private:
+  int previous_ = -1;
+};
+
 }  // namespace
 
 bool cuda_available() {
@@ -121,6 +138,9 @@ SlotRing::SlotRing(Options options)
       slots_(options.slots),
       free_(options.slots) {
   if (options.slots == 0) throw std::invalid_argument("conveyor: SlotRing needs at least 1 slot");
+  std::optional<CurrentDevice> device;
+  if (options.memory == HostBuffer::Kind::kAuto && cuda_available())
+    device.emplace(options.cuda_device);
   memory_ = HostBuffer(slot_bytes_ * options.slots, options.memory, options.write_combined);
   if (memory_.is_pinned()) {
     for (auto& slot : slots_) {
@@ -191,6 +211,10 @@ std::optional<uint32_t> SlotRing::try_acquire_for(std::chrono::milliseconds time
 
 std::optional<uint32_t> SlotRing::try_acquire() {
   if (closed() || !free_count_.try_acquire()) return std::nullopt;
+  if (closed()) {  // the permit may be one of close()'s wake-ups: pass it on
+    free_count_.release();
+    return std::nullopt;
+  }
   return pop_free();
 }
 

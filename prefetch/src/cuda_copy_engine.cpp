@@ -1,3 +1,4 @@
+#include <cstdio>
 #include <stdexcept>
 #include <string>
 
@@ -13,7 +14,7 @@
 namespace conveyor {
 namespace {
 
-void check(cudaError_t err, const char* what) {
+void throw_if_failed(cudaError_t err, const char* what) {
   if (err != cudaSuccess) {
     throw std::runtime_error(std::string("conveyor: ") + what + " failed (" +
                              cudaGetErrorName(err) + ": " + cudaGetErrorString(err) + ")");
@@ -24,7 +25,11 @@ void check(cudaError_t err, const char* what) {
 // inside the callback.
 void CUDART_CB run_finished(void* payload) {
   std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(payload));
-  (*fn)();
+  try {
+    (*fn)();
+  } catch (const std::exception& e) {  // nothing can propagate out of a CUDA callback
+    std::fprintf(stderr, "conveyor: copy-finished callback failed: %s\n", e.what());
+  }
 }
 
 class CudaCopyEngine final : public CopyEngine {
@@ -44,18 +49,27 @@ class CudaCopyEngine final : public CopyEngine {
     c10::cuda::CUDAStreamGuard stream_guard(stream_);  // allocations belong to the side stream
     std::vector<at::Tensor> device;
     device.reserve(host.size());
-    for (const auto& h : host) {
-      at::Tensor d = at::empty(h.sizes(), h.options().device(device_).pinned_memory(false));
-      check(cudaMemcpyAsync(d.data_ptr(), h.data_ptr(), h.nbytes(), cudaMemcpyHostToDevice,
-                            stream_.stream()),
-            "cudaMemcpyAsync");
-      device.push_back(std::move(d));
-    }
-    if (event != nullptr) {
-      check(cudaEventRecord(static_cast<cudaEvent_t>(event), stream_.stream()), "cudaEventRecord");
-    }
     auto payload = std::make_unique<std::function<void()>>(std::move(on_finished));
-    check(cudaLaunchHostFunc(stream_.stream(), run_finished, payload.get()), "cudaLaunchHostFunc");
+    try {
+      for (const auto& h : host) {
+        at::Tensor d = at::empty(h.sizes(), h.options().device(device_).pinned_memory(false));
+        throw_if_failed(cudaMemcpyAsync(d.data_ptr(), h.data_ptr(), h.nbytes(),
+                                        cudaMemcpyHostToDevice, stream_.stream()),
+                        "cudaMemcpyAsync");
+        device.push_back(std::move(d));
+      }
+      if (event != nullptr) {
+        throw_if_failed(cudaEventRecord(static_cast<cudaEvent_t>(event), stream_.stream()),
+                        "cudaEventRecord");
+      }
+      throw_if_failed(cudaLaunchHostFunc(stream_.stream(), run_finished, payload.get()),
+                      "cudaLaunchHostFunc");
+    } catch (...) {
+      // Copies already queued may still read the slot: let them finish, then hand it back.
+      cudaStreamSynchronize(stream_.stream());
+      (*payload)();
+      throw;
+    }
     payload.release();  // owned by the callback from here on
     return device;
   }
@@ -65,10 +79,10 @@ class CudaCopyEngine final : public CopyEngine {
     c10::cuda::CUDAStream consumer = c10::cuda::getCurrentCUDAStream(device_.index());
     if (consumer != stream_) {
       if (event != nullptr) {
-        check(cudaStreamWaitEvent(consumer.stream(), static_cast<cudaEvent_t>(event), 0),
-              "cudaStreamWaitEvent");
+        throw_if_failed(cudaStreamWaitEvent(consumer.stream(), static_cast<cudaEvent_t>(event), 0),
+                        "cudaStreamWaitEvent");
       } else {
-        check(cudaStreamSynchronize(stream_.stream()), "cudaStreamSynchronize");
+        throw_if_failed(cudaStreamSynchronize(stream_.stream()), "cudaStreamSynchronize");
       }
       for (auto& t : device) {
         c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), consumer);
@@ -77,6 +91,13 @@ class CudaCopyEngine final : public CopyEngine {
   }
 
   c10::Device device() const override { return device_; }
+
+  void check() override {
+    cudaError_t err = cudaStreamQuery(stream_.stream());
+    if (err != cudaSuccess && err != cudaErrorNotReady) {
+      throw_if_failed(err, "the copy stream");
+    }
+  }
 
  private:
   c10::Device device_;
@@ -95,14 +116,14 @@ std::unique_ptr<CopyEngine> make_cuda_copy_engine(c10::Device device) {
                              " was requested but no CUDA device is usable on this machine");
   }
   int count = 0;
-  check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  throw_if_failed(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   int index = device.has_index() ? device.index() : 0;
   if (index >= count) {
     throw std::runtime_error("conveyor: device " + device.str() + " requested but only " +
                              std::to_string(count) + " CUDA device(s) exist");
   }
-  return std::make_unique<CudaCopyEngine>(c10::Device(c10::DeviceType::CUDA,
-                                                      static_cast<c10::DeviceIndex>(index)));
+  return std::make_unique<CudaCopyEngine>(
+      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
 }
 
 }  // namespace conveyor

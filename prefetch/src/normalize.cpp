@@ -12,10 +12,10 @@ namespace conveyor {
 at::Tensor normalize_images(const at::Tensor& images, const NormalizeOptions& options) {
   if (images.scalar_type() != at::kByte || images.dim() != 4 ||
       images.size(options.hwc ? 3 : 1) != 3) {
-    throw std::invalid_argument(
-        std::string("normalize_images: expected uint8 ") +
-        (options.hwc ? "[B,H,W,3]" : "[B,3,H,W]") + ", got " + std::string(images.toString()) +
-        " of shape " + c10::str(images.sizes()));
+    throw std::invalid_argument(std::string("normalize_images: expected uint8 ") +
+                                (options.hwc ? "[B,H,W,3]" : "[B,3,H,W]") + ", got " +
+                                std::string(images.toString()) + " of shape " +
+                                c10::str(images.sizes()));
   }
   if (options.mean.size() != 3 || options.std.size() != 3) {
     throw std::invalid_argument("normalize_images: mean and std need 3 values each");
@@ -32,7 +32,8 @@ at::Tensor normalize_images(const at::Tensor& images, const NormalizeOptions& op
     scale[c] = 1.0f / (255.0f * options.std[c]);
     shift[c] = -options.mean[c] / options.std[c];
   }
-  auto format = options.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  auto format =
+      options.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   if (images.is_cuda()) {
     at::Tensor in = images.contiguous();
     c10::cuda::CUDAGuard guard(in.device());

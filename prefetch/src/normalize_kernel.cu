@@ -94,7 +94,7 @@ cudaError_t launch_normalize(const uint8_t* in, void* out, OutType type, int64_t
       launch<__nv_bfloat16>(in, out, ppi, total, hwc, channels_last, a, stream);
       break;
   }
-  return cudaGetLastError();
+  return cudaPeekAtLastError();
 }
 
 }  // namespace conveyor::detail

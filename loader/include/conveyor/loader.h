@@ -49,8 +49,8 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
-#include <boost/lockfree/queue.hpp>
 #include <c10/core/Device.h>
+#include <boost/lockfree/queue.hpp>
 
 #include "conveyor/datasets.h"
 #include "conveyor/pinned.h"
@@ -138,8 +138,11 @@ struct LoaderOptions {
   size_t max_substitutes = 16;
   // Where batches are delivered. A CUDA device adds the side-stream copy stage.
   c10::Device device = c10::Device(c10::DeviceType::CPU);
-  // Pin the slot ring when a CUDA device is usable (required for asynchronous copies).
-  bool pin_memory = true;
+  // With a CUDA device the ring is always pinned (asynchronous copies need it). With the CPU
+  // device, true hands out each batch as a copy in LibTorch's pinned host memory (when a GPU is
+  // usable), safe for your own non_blocking copies; false (the default, as in torch::data) hands
+  // out views of the ring's pageable slots, no copy.
+  bool pin_memory = false;
   // Batches copied to the device ahead of the consumer (CUDA devices only); at least 1.
   size_t prefetch_factor = 2;
   // Batch slots in the ring. 0 means workers + prefetch_factor + 2.
@@ -191,16 +194,16 @@ struct SkippedSample {
 };
 
 struct LoaderStats {
-  uint64_t batches = 0;     // delivered to the consumer
-  uint64_t samples = 0;     // rows delivered
-  uint64_t skipped = 0;     // samples replaced under kSkip
-  uint64_t errors = 0;      // sample failures seen (raised or skipped)
+  uint64_t batches = 0;                        // delivered to the consumer
+  uint64_t samples = 0;                        // rows delivered
+  uint64_t skipped = 0;                        // samples replaced under kSkip
+  uint64_t errors = 0;                         // sample failures seen (raised or skipped)
   std::vector<SkippedSample> skipped_samples;  // the first 1000
-  double fill_seconds = 0;      // worker time spent writing samples, summed over workers
-  double copy_issue_seconds = 0;  // consumer time spent issuing device copies
-  double wait_seconds = 0;      // time the consumer waited for a batch
+  double fill_seconds = 0;          // worker time spent writing samples, summed over workers
+  double copy_issue_seconds = 0;    // consumer time spent issuing device copies
+  double wait_seconds = 0;          // time the consumer waited for a batch
   std::vector<size_t> slot_states;  // slots per SlotState, now
-  uint64_t copies_to_host = 0;  // batches handed out as copies because the user held every slot
+  uint64_t copies_to_host = 0;      // batches handed out as copies because the user held every slot
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -227,6 +230,9 @@ class DataLoader {
   std::optional<Batch> next();
   // Starts the next epoch without iterating (begin() calls it).
   void start_epoch();
+  // Makes the next begin() start `epoch` instead of the one after the current: to resume
+  // training, or to follow an outside epoch counter (PyTorch's DistributedSampler.set_epoch).
+  void set_epoch(uint64_t epoch) { next_epoch_ = epoch; }
 
   // Stops the workers and releases the copy stage; the loader yields nothing afterwards.
   void join();
@@ -246,6 +252,7 @@ class DataLoader {
   struct Shared;
   struct Staged;
   void worker_loop(size_t worker);
+  std::string describe(size_t index) const;  // the source's name for a sample; never throws
   void fill(size_t worker, uint32_t slot);
   bool write_with_policy(size_t worker, size_t index, std::byte* const* rows, SlotMeta& meta);
   bool dispatch(uint32_t slot);
@@ -265,7 +272,7 @@ class DataLoader {
   std::vector<size_t> field_bytes_;
   LoaderOptions options_;
   std::unique_ptr<Sampler> sampler_;
-  std::shared_ptr<Shared> shared_;  // the ring and counters that outlive the loader while held
+  std::shared_ptr<Shared> shared_;      // the ring and counters that outlive the loader while held
   std::unique_ptr<CopyEngine> engine_;  // destroyed before shared_ (it waits for its callbacks)
   std::vector<std::unique_ptr<SlotMeta>> meta_;
 
@@ -283,13 +290,16 @@ class DataLoader {
   uint64_t epoch_ = 0;
   bool started_ = false;
   size_t num_batches_ = 0;
-  size_t dispatched_ = 0;     // batches handed to workers this epoch
-  size_t collected_ = 0;      // of those, taken back (completed_ or cancelled) by the consumer
-  size_t next_sequence_ = 0;  // next batch to hand out (ordered) / count handed out (unordered)
-  size_t next_stage_ = 0;     // next batch to stage on the device
+  size_t dispatched_ = 0;         // batches handed to workers this epoch
+  size_t collected_ = 0;          // of those, taken back (completed_ or cancelled) by the consumer
+  size_t next_sequence_ = 0;      // next batch to hand out (ordered) / count handed out (unordered)
+  size_t next_stage_ = 0;         // next batch to stage on the device
   std::vector<int64_t> reorder_;  // sequence % slots -> slot, -1 when absent
   std::deque<std::unique_ptr<Staged>> staged_;
   bool joined_ = false;
+  std::exception_ptr deferred_failure_;
+  std::optional<uint64_t>
+      next_epoch_;  // set_epoch()  // a prefetch failure, reported by the next next()
 
   // Statistics.
   std::atomic<uint64_t> fill_ns_{0};

@@ -21,8 +21,9 @@
 //     get_batch is torch's default, optionally mapped with example-level transforms such as
 //     Normalize or TensorLambda) mapped with Stack<>() as the last transform. Each worker owns a
 //     copy of the dataset and writes each sample's tensors (memcpy) into a row of a batch slot of
-//     conveyor::DataLoader, so with pin_memory the collate writes straight into pinned memory and
-//     a CUDA device gets the batch through the side-stream copy; the ErrorPolicy applies per
+//     conveyor::DataLoader, so with a CUDA device the collate writes straight into a pinned slot
+//     and the batch arrives through the side-stream copy (with the CPU device, pin_memory hands
+//     each batch out as one copy in LibTorch's pinned host memory); the ErrorPolicy applies per
 //     sample. Sample 0 is read once on the first iteration to learn the tensors' shapes and
 //     dtypes; every sample must have those shapes and dtypes. Batches: Example<> (.data,
 //     .target) or TensorExample.

@@ -83,10 +83,11 @@ struct SlotLayout {
 class SlotRing {
  public:
   struct Options {
-    size_t slots = 4;              // number of batch slots; at least 1
-    SlotLayout layout;             // bytes of each field of one batch
+    size_t slots = 4;   // number of batch slots; at least 1
+    SlotLayout layout;  // bytes of each field of one batch
     HostBuffer::Kind memory = HostBuffer::Kind::kAuto;
     bool write_combined = false;  // only for pinned memory the CPU never reads back
+    int cuda_device = 0;  // the device whose context allocates the memory and owns the events
   };
   explicit SlotRing(Options options);
   ~SlotRing();

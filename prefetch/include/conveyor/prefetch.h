@@ -11,10 +11,11 @@
 // CopyEngine is the interface the loader drives; tests substitute a host-side engine whose copies
 // finish late, to prove that no slot is reused before its copy is done.
 //
-// Requires: the host tensors passed to start() stay unchanged until on_finished runs.
+// Requires: the host tensors passed to start() stay unchanged until on_finished runs; on_finished
+// does not throw (it runs on a CUDA callback thread).
 // Guarantees: on_finished runs exactly once per start(), after the copy stopped reading the host
-// memory, and never from inside start(). Destroying an engine waits for its outstanding copies and
-// callbacks.
+// memory, also when start() throws (then before start() returns). Destroying an engine waits for
+// its outstanding copies and callbacks.
 #pragma once
 
 #include <functional>
@@ -38,6 +39,9 @@ class CopyEngine {
   // Orders the caller's later work after the copy that produced `device`.
   virtual void make_visible(std::vector<at::Tensor>& device, void* event) = 0;
   virtual c10::Device device() const = 0;
+  // Throws if the engine can no longer finish its copies (e.g. a sticky CUDA error), so that a
+  // loader waiting for a slot reports it instead of waiting forever.
+  virtual void check() {}
 };
 
 // The real copy stage: one side stream of the given CUDA device.
