@@ -161,6 +161,54 @@ TEST(ImageWriter, ExactWhenNoResizeIsNeeded) {
   }
 }
 
+// Grayscale and CMYK JPEGs come out as three RGB planes through the RGBX fast path too.
+TEST(ImageWriter, WritesGrayscaleAndCmykAsRgb) {
+  const int w = 40, h = 30, side = 16;
+  auto encode = [&](const std::vector<uint8_t>& pixels, int format, int subsampling) {
+    tjhandle handle = tjInitCompress();
+    unsigned char* data = nullptr;
+    unsigned long size = 0;
+    EXPECT_EQ(tjCompress2(handle, pixels.data(), w, 0, h, format, &data, &size, subsampling, 95, 0),
+              0);
+    std::vector<uint8_t> jpeg(data, data + size);
+    tjFree(data);
+    tjDestroy(handle);
+    return jpeg;
+  };
+  std::vector<uint8_t> grey(static_cast<size_t>(w) * h * 3, 100);
+  std::vector<uint8_t> cyan(static_cast<size_t>(w) * h * 4);
+  for (size_t i = 0; i < cyan.size(); i += 4) {  // Adobe-inverted CMYK: 0 = full ink
+    cyan[i] = 0;
+    cyan[i + 1] = cyan[i + 2] = cyan[i + 3] = 255;
+  }
+  struct Case {
+    const char* name;
+    std::vector<uint8_t> jpeg;
+    int r, g, b;
+  };
+  for (const Case& c : {Case{"gray", encode(grey, TJPF_RGB, TJSAMP_GRAY), 100, 100, 100},
+                        Case{"ycck", encode(cyan, TJPF_CMYK, TJSAMP_420), 0, 255, 255}}) {
+    SCOPED_TRACE(c.name);
+    for (int flip : {0, 1}) {
+      ImageTransform t;
+      t.mode = ImageTransform::Mode::kResize;
+      t.size = side;
+      t.flip_probability = flip;
+      ImageWriter writer(t);
+      std::vector<std::byte> out(side * side * 3);
+      writer.write(c.jpeg.data(), c.jpeg.size(), SampleContext{}, out.data());
+      const int expected[3] = {c.r, c.g, c.b};
+      for (int ch = 0; ch < 3; ++ch) {
+        for (int i = 0; i < side * side; i += 37) {
+          EXPECT_NEAR(static_cast<int>(out[static_cast<size_t>(ch * side * side + i)]),
+                      expected[ch], 6)
+              << "channel " << ch << " pixel " << i;
+        }
+      }
+    }
+  }
+}
+
 // `jpeg` with an APP1 Exif block that says `orientation`, right after SOI: "Exif\0\0", a
 // big-endian TIFF header and an IFD0 with the one SHORT entry.
 std::vector<uint8_t> with_orientation(std::vector<uint8_t> jpeg, int orientation) {
