@@ -69,8 +69,11 @@ BENCHMARK(BM_PipelineMemcpy)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
 
 // The reference: the same bytes on the same number of persistent threads, one batch per
 // iteration, each thread copying its share of the batch's samples into one of several buffers.
+// range(1) chooses how the threads share the work: 0 = every thread takes an interleaved share of
+// each batch; 1 = each thread copies whole batches into its own buffer, as the loader's workers do.
 void BM_PlainMemcpy(benchmark::State& state) {
   const size_t threads = static_cast<size_t>(state.range(0));
+  const bool whole_batches = state.range(1) == 1;
   const size_t batch = 64;
   std::vector<uint8_t> pattern(kImageBytes + 251);
   for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<uint8_t>(i % 251);
@@ -79,14 +82,22 @@ void BM_PlainMemcpy(benchmark::State& state) {
   std::barrier sync(static_cast<std::ptrdiff_t>(threads + 1));
   std::atomic<bool> stop{false};
   uint8_t* dst = nullptr;
+  size_t iteration_seen = 0;
   std::vector<std::jthread> pool;
   for (size_t t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
       for (;;) {
         sync.arrive_and_wait();
         if (stop.load()) return;
-        for (size_t s = t; s < batch; s += threads) {
-          std::memcpy(dst + s * kImageBytes, pattern.data() + s % 251, kImageBytes);
+        if (whole_batches) {
+          uint8_t* own = ring[(iteration_seen + t) % slots].data();
+          for (size_t s = 0; s < batch; ++s) {
+            std::memcpy(own + s * kImageBytes, pattern.data() + s % 251, kImageBytes);
+          }
+        } else {
+          for (size_t s = t; s < batch; s += threads) {
+            std::memcpy(dst + s * kImageBytes, pattern.data() + s % 251, kImageBytes);
+          }
         }
         sync.arrive_and_wait();
       }
@@ -94,16 +105,23 @@ void BM_PlainMemcpy(benchmark::State& state) {
   }
   uint64_t bytes = 0, iteration = 0;
   for (auto _ : state) {
-    dst = ring[iteration++ % slots].data();
+    dst = ring[iteration % slots].data();
+    iteration_seen = iteration;
+    iteration += whole_batches ? threads : 1;
     sync.arrive_and_wait();  // go
     sync.arrive_and_wait();  // done
-    bytes += batch * kImageBytes;
+    bytes += (whole_batches ? threads : 1) * batch * kImageBytes;
   }
   stop.store(true);
   sync.arrive_and_wait();
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
-BENCHMARK(BM_PlainMemcpy)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_PlainMemcpy)
+    ->Args({1, 0})
+    ->Args({2, 0})
+    ->Args({2, 1})
+    ->UseRealTime()
+    ->MinTime(1.0);
 
 }  // namespace
 }  // namespace conveyor
