@@ -128,9 +128,9 @@ void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const
   std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu\n", c.data.c_str(),
               c.batch_size, c.workers, c.crop, c.epochs);
   std::printf("mode: %s\n", main.mode.c_str());
-  std::printf("%-14s %12s %10s %12s\n", "run", "images/s", "images", "vs conveyor");
+  std::printf("%-14s %12s %10s %16s\n", "run", "images/s", "images", "conveyor / run");
   for (const auto& r : runs) {
-    std::printf("%-14s %12.1f %10llu %11.2fx\n", r.name.c_str(), r.images_per_s,
+    std::printf("%-14s %12.1f %10llu %15.2fx\n", r.name.c_str(), r.images_per_s,
                 static_cast<unsigned long long>(r.images),
                 r.images_per_s > 0 ? main.images_per_s / r.images_per_s : 0.0);
   }

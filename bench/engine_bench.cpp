@@ -54,6 +54,7 @@ void BM_PipelineMemcpy(benchmark::State& state) {
   LoaderOptions o;
   o.batch_size = 64;
   o.workers = workers;
+  o.slots = static_cast<size_t>(state.range(1));  // 0: the default
   DataLoader loader(std::make_shared<PatternSource>(64 * 40, kImageBytes), o);
   uint64_t bytes = 0;
   auto it = loader.begin();
@@ -65,7 +66,12 @@ void BM_PipelineMemcpy(benchmark::State& state) {
   }
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
-BENCHMARK(BM_PipelineMemcpy)->Arg(1)->Arg(2)->UseRealTime()->MinTime(1.0);
+BENCHMARK(BM_PipelineMemcpy)
+    ->Args({1, 0})
+    ->Args({2, 0})
+    ->Args({2, 12})
+    ->UseRealTime()
+    ->MinTime(1.0);
 
 // The reference: the same bytes on the same number of persistent threads, one batch per
 // iteration, each thread copying its share of the batch's samples into one of several buffers.
