@@ -122,12 +122,7 @@ void BM_PlainMemcpy(benchmark::State& state) {
   sync.arrive_and_wait();
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
-BENCHMARK(BM_PlainMemcpy)
-    ->Args({1, 0})
-    ->Args({2, 0})
-    ->Args({2, 1})
-    ->UseRealTime()
-    ->MinTime(1.0);
+BENCHMARK(BM_PlainMemcpy)->Args({1, 0})->Args({2, 0})->Args({2, 1})->UseRealTime()->MinTime(1.0);
 
 }  // namespace
 }  // namespace conveyor

@@ -4,8 +4,8 @@
 
 #include <sys/stat.h>
 
-#include <opencv2/imgproc.hpp>
 #include <turbojpeg.h>
+#include <opencv2/imgproc.hpp>
 
 #include "test_support.h"
 
@@ -24,7 +24,7 @@ TEST(ImageFolder, LabelsFollowSortedClassFoldersAndOnlyJpegFilesCount) {
   write_bytes(dir / "apple/notes.txt", {'h', 'i'});
   write_bytes(dir / "apple/pic.png", {1, 2, 3});
   std::filesystem::create_directories(dir / "mango/folder.jpg");  // a folder named like an image
-  write_bytes(dir / "stray.jpg", make_photo_jpeg(16, 16, 5));    // not in a class folder
+  write_bytes(dir / "stray.jpg", make_photo_jpeg(16, 16, 5));     // not in a class folder
   auto source = ImageSource::image_folder(dir.path(), ImageTransform::train(8));
   EXPECT_EQ(source->classes(), (std::vector<std::string>{"apple", "mango", "zebra"}));
   ASSERT_EQ(source->size(), 4u);
@@ -32,9 +32,10 @@ TEST(ImageFolder, LabelsFollowSortedClassFoldersAndOnlyJpegFilesCount) {
   for (const auto& item : source->items()) {
     got.emplace_back(std::filesystem::relative(item.path, dir.path()).string(), item.label);
   }
-  EXPECT_EQ(got, (std::vector<std::pair<std::string, int64_t>>{
-                     {"apple/nested/y.jpeg", 0}, {"apple/x.Jpg", 0}, {"zebra/a.JPEG", 2},
-                     {"zebra/b.jpg", 2}}));
+  EXPECT_EQ(got, (std::vector<std::pair<std::string, int64_t>>{{"apple/nested/y.jpeg", 0},
+                                                               {"apple/x.Jpg", 0},
+                                                               {"zebra/a.JPEG", 2},
+                                                               {"zebra/b.jpg", 2}}));
 }
 
 TEST(ImageFolder, MissingOrEmptyFoldersAreClearErrors) {
@@ -53,8 +54,8 @@ TEST(FileList, ReadsPathsAndLabelsAndNamesTheBadLine) {
   TempDir dir;
   write_bytes(dir / "imgs/a.jpg", make_photo_jpeg(16, 16, 1));
   {
-    std::ofstream(dir / "list.txt") << "# comment\nimgs/a.jpg\t3\n" << (dir / "imgs/a.jpg").string()
-                                    << "\t0\n";
+    std::ofstream(dir / "list.txt") << "# comment\nimgs/a.jpg\t3\n"
+                                    << (dir / "imgs/a.jpg").string() << "\t0\n";
   }
   auto source = ImageSource::file_list(dir / "list.txt", ImageTransform::train(8));
   ASSERT_EQ(source->size(), 2u);
@@ -118,15 +119,16 @@ TEST(ImageWriter, PixelsMatchAReferenceDecodeCropAndResize) {
       writer.write(jpeg.data(), jpeg.size(), ctx, out.data());
       CropBox box = choose_crop(t, 500, 375, 5, 0, index);
       cv::Mat ref;
-      cv::resize(full(cv::Rect(box.x, box.y, box.width, box.height)), ref, cv::Size(224, 224), 0,
-                 0, cv::INTER_AREA);
+      cv::resize(full(cv::Rect(box.x, box.y, box.width, box.height)), ref, cv::Size(224, 224), 0, 0,
+                 cv::INTER_AREA);
       if (box.flip) cv::flip(ref, ref, 1);
       double diff = 0;
       for (int y = 0; y < 224; ++y) {
         for (int x = 0; x < 224; ++x) {
           for (int c = 0; c < 3; ++c) {
-            size_t o = layout == ImageLayout::kHWC ? (static_cast<size_t>(y) * 224 + x) * 3 + c
-                                                   : static_cast<size_t>(c) * 224 * 224 + y * 224 + x;
+            size_t o = layout == ImageLayout::kHWC
+                           ? (static_cast<size_t>(y) * 224 + x) * 3 + c
+                           : static_cast<size_t>(c) * 224 * 224 + y * 224 + x;
             diff += std::abs(static_cast<int>(out[o]) - ref.at<cv::Vec3b>(y, x)[c]);
           }
         }
@@ -353,19 +355,22 @@ TEST(ImageWriter, ExifOrientationChoosesTheCropInTheUprightImage) {
 TEST(ImageLoader, DeliversEveryImageOnceWithItsLabel) {
   TempDir dir;
   testing::make_small_folder(dir.path(), {"cat", "dog", "eel"}, 7);
-  auto source = std::shared_ptr<ImageSource>(ImageSource::image_folder(dir.path(), ImageTransform::train(32)));
+  auto source = std::shared_ptr<ImageSource>(
+      ImageSource::image_folder(dir.path(), ImageTransform::train(32)));
   LoaderOptions o;
   o.batch_size = 4;
   o.workers = 2;
   DataLoader loader(source, o, RandomSampler::make(1));
   std::multiset<size_t> seen;
   for (Batch& b : loader) {
-    EXPECT_EQ(b.images().sizes(), (std::vector<int64_t>{static_cast<int64_t>(b.size()), 3, 32, 32}));
+    EXPECT_EQ(b.images().sizes(),
+              (std::vector<int64_t>{static_cast<int64_t>(b.size()), 3, 32, 32}));
     EXPECT_EQ(b.images().scalar_type(), at::kByte);
     EXPECT_EQ(b.labels().scalar_type(), at::kLong);
     for (size_t r = 0; r < b.size(); ++r) {
       seen.insert(b.indices[r]);
-      EXPECT_EQ(b.labels()[static_cast<int64_t>(r)].item<int64_t>(), source->items()[b.indices[r]].label);
+      EXPECT_EQ(b.labels()[static_cast<int64_t>(r)].item<int64_t>(),
+                source->items()[b.indices[r]].label);
     }
     EXPECT_GT(b.images().to(at::kFloat).std().item<float>(), 5.0f) << "images are not blank";
   }
@@ -385,7 +390,8 @@ TEST(ImageLoader, BadFilesAreNamedOrSkipped) {
   write_bytes(dir / "a/bad_empty.jpg", {});
   std::filesystem::create_symlink(dir / "a/missing_target.jpg", dir / "a/bad_dangling.jpg");
   ASSERT_EQ(::mkfifo((dir / "a/bad_fifo.jpg").c_str(), 0644), 0);
-  auto source = std::shared_ptr<ImageSource>(ImageSource::image_folder(dir.path(), ImageTransform::train(16)));
+  auto source = std::shared_ptr<ImageSource>(
+      ImageSource::image_folder(dir.path(), ImageTransform::train(16)));
   ASSERT_EQ(source->size(), 9u);
 
   LoaderOptions o;

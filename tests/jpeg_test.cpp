@@ -33,9 +33,9 @@ Reference tj_decode(const std::vector<uint8_t>& jpeg, int pixel_format = TJPF_RG
   r.height = out_h;
   const int ps = tjPixelSize[pixel_format];
   r.pixels.resize(static_cast<size_t>(out_w) * out_h * ps);
-  EXPECT_EQ(tjDecompress2(h, jpeg.data(), jpeg.size(), r.pixels.data(), out_w, 0, out_h,
-                          pixel_format, 0),
-            0)
+  EXPECT_EQ(
+      tjDecompress2(h, jpeg.data(), jpeg.size(), r.pixels.data(), out_w, 0, out_h, pixel_format, 0),
+      0)
       << tjGetErrorStr2(h);
   tjDestroy(h);
   return r;
@@ -221,9 +221,9 @@ TEST(JpegDecoder, DecodesProgressiveGrayscaleAndSubsamplingVariants) {
     int subsampling;
     int flags;
   };
-  for (Variant v : {Variant{"progressive", TJSAMP_420, TJFLAG_PROGRESSIVE},
-                    Variant{"444", TJSAMP_444, 0}, Variant{"422", TJSAMP_422, 0},
-                    Variant{"gray", TJSAMP_GRAY, 0}}) {
+  for (Variant v :
+       {Variant{"progressive", TJSAMP_420, TJFLAG_PROGRESSIVE}, Variant{"444", TJSAMP_444, 0},
+        Variant{"422", TJSAMP_422, 0}, Variant{"gray", TJSAMP_GRAY, 0}}) {
     SCOPED_TRACE(v.name);
     auto jpeg = tj_encode(rgb, w, h, TJPF_RGB, v.subsampling, v.flags);
     JpegDecoder d;
@@ -259,7 +259,9 @@ TEST(JpegDecoder, ConvertsCmykAndYcckToRgb) {
   EXPECT_EQ(d.read_header(ycck.data(), ycck.size()).color_space, "ycck");
   DecodedImage img = d.decode(ycck.data(), ycck.size());
   ASSERT_EQ(img.width, w);
-  auto px = [&](int x, int y, int c) { return static_cast<int>(img.pixels[y * img.stride + 3 * x + c]); };
+  auto px = [&](int x, int y, int c) {
+    return static_cast<int>(img.pixels[y * img.stride + 3 * x + c]);
+  };
   EXPECT_NEAR(px(2, 8, 0), 255, 6);
   EXPECT_NEAR(px(2, 8, 1), 255, 6);
   EXPECT_NEAR(px(2, 8, 2), 255, 6);

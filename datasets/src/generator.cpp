@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <cstdio>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include <opencv2/core.hpp>
@@ -48,8 +48,10 @@ std::vector<uint8_t> make_photo_jpeg(int width, int height, uint64_t seed, int q
                     rng.uniform(0, 180), 0, 360, color, cv::FILLED, cv::LINE_AA);
         break;
       case 1:
-        cv::rectangle(img, c, c + cv::Point(rng.randint(-width / 3, width / 3), rng.randint(-height / 3, height / 3)),
-                      color, cv::FILLED, cv::LINE_AA);
+        cv::rectangle(
+            img, c,
+            c + cv::Point(rng.randint(-width / 3, width / 3), rng.randint(-height / 3, height / 3)),
+            color, cv::FILLED, cv::LINE_AA);
         break;
       default: {
         std::vector<cv::Point> poly;
@@ -89,9 +91,9 @@ GeneratedDataset generate_image_folder(const std::filesystem::path& root,
                                        const GeneratorOptions& options) {
   namespace fs = std::filesystem;
   std::ostringstream stamp_text;
-  stamp_text << "conveyor photo-like dataset v" << kGeneratorVersion << " classes=" << options.classes
-             << " per_class=" << options.images_per_class << " quality=" << options.quality
-             << " seed=" << options.seed << "\n";
+  stamp_text << "conveyor photo-like dataset v" << kGeneratorVersion
+             << " classes=" << options.classes << " per_class=" << options.images_per_class
+             << " quality=" << options.quality << " seed=" << options.seed << "\n";
   const fs::path stamp = root / ".conveyor-dataset";
   GeneratedDataset result;
   result.root = root;
@@ -132,11 +134,13 @@ GeneratedDataset generate_image_folder(const std::filesystem::path& root,
         } else if (kind > 0.6) {
           std::swap(w, h);  // portrait
         }
-        std::vector<uint8_t> jpeg = make_photo_jpeg(w, h, splitmix64(options.seed) ^ i, options.quality);
+        std::vector<uint8_t> jpeg =
+            make_photo_jpeg(w, h, splitmix64(options.seed) ^ i, options.quality);
         char name[64];
         std::snprintf(name, sizeof name, "class_%03zu/img_%06zu.jpg", c, i);
         std::ofstream out(root / name, std::ios::binary | std::ios::trunc);
-        out.write(reinterpret_cast<const char*>(jpeg.data()), static_cast<std::streamsize>(jpeg.size()));
+        out.write(reinterpret_cast<const char*>(jpeg.data()),
+                  static_cast<std::streamsize>(jpeg.size()));
         if (!out) throw std::runtime_error("cannot write " + (root / name).string());
         bytes += jpeg.size();
       } catch (const std::exception& e) {

@@ -25,9 +25,7 @@ size_t FieldSpec::sample_bytes() const {
   return n;
 }
 
-std::string SampleSource::describe(size_t index) const {
-  return "sample " + std::to_string(index);
-}
+std::string SampleSource::describe(size_t index) const { return "sample " + std::to_string(index); }
 
 ImageTransform ImageTransform::train(int size) {
   ImageTransform t;
@@ -268,7 +266,8 @@ void read_file(const std::string& path, std::vector<uint8_t>& out) {
     file_error(path, std::string("cannot open: ") + std::strerror(e));
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) file_error(path, std::string("cannot stat: ") + std::strerror(errno));
+  if (::fstat(fd.get(), &st) != 0)
+    file_error(path, std::string("cannot stat: ") + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) file_error(path, "not a regular file");
   if (st.st_size == 0) file_error(path, "empty file");
   const size_t size = static_cast<size_t>(st.st_size);

@@ -95,7 +95,7 @@ struct JpegDecoder::State {
   DecodeOptions options;
   std::vector<uint8_t> buffer;
   std::vector<JSAMPROW> rows;  // pointers into `buffer`, one per decoded row
-  bool started = false;  // a header was read and the decompressor is mid-image
+  bool started = false;        // a header was read and the decompressor is mid-image
 
   State(DecodeLimits l, DecodeOptions o) : limits(l), options(o) {
     if (options.channels != 3 && options.channels != 4) {
@@ -190,7 +190,8 @@ struct JpegDecoder::State {
     g.crop_x = static_cast<JDIMENSION>(g.sx0);
     g.crop_w = static_cast<JDIMENSION>(g.sx1 - g.sx0);
     if (g.crop_w < cinfo.output_width) jpeg_crop_scanline(&cinfo, &g.crop_x, &g.crop_w);
-    const size_t row_bytes = static_cast<size_t>(g.crop_w) * static_cast<size_t>(cinfo.output_components);
+    const size_t row_bytes =
+        static_cast<size_t>(g.crop_w) * static_cast<size_t>(cinfo.output_components);
     const size_t need = row_bytes * static_cast<size_t>(g.sy1 - g.sy0);
     if (buffer.size() < need) buffer.resize(need);
     const size_t count = static_cast<size_t>(g.sy1 - g.sy0);
@@ -277,7 +278,9 @@ JpegHeader JpegDecoder::read_header(const uint8_t* data, size_t size) {
   return header;
 }
 
-JpegHeader JpegDecoder::begin(const uint8_t* data, size_t size) { return state_->begin(data, size); }
+JpegHeader JpegDecoder::begin(const uint8_t* data, size_t size) {
+  return state_->begin(data, size);
+}
 
 DecodedImage JpegDecoder::finish_region(int x, int y, int width, int height, int min_width,
                                         int min_height) {
@@ -301,8 +304,8 @@ std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height, int 
   if (handle == nullptr) throw JpegError("tjInitCompress failed");
   unsigned char* out = nullptr;
   unsigned long out_size = 0;
-  int rc = tjCompress2(handle, rgb, width, 0, height, TJPF_RGB, &out, &out_size, TJSAMP_420,
-                       quality, 0);
+  int rc =
+      tjCompress2(handle, rgb, width, 0, height, TJPF_RGB, &out, &out_size, TJSAMP_420, quality, 0);
   std::vector<uint8_t> result;
   std::string message = rc != 0 ? tjGetErrorStr2(handle) : "";
   if (rc == 0) result.assign(out, out + out_size);

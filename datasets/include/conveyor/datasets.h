@@ -69,15 +69,15 @@ struct ImageTransform {
     kResize,             // the whole image resized to size x size (aspect not kept)
   };
   Mode mode = Mode::kRandomResizedCrop;
-  int size = 224;            // output height and width
-  int resize = 256;          // shorter side before the center crop (kResizeCenterCrop)
-  double scale_min = 0.08;   // RandomResizedCrop area fraction range
+  int size = 224;           // output height and width
+  int resize = 256;         // shorter side before the center crop (kResizeCenterCrop)
+  double scale_min = 0.08;  // RandomResizedCrop area fraction range
   double scale_max = 1.0;
   double ratio_min = 3.0 / 4.0;  // RandomResizedCrop aspect ratio range
   double ratio_max = 4.0 / 3.0;
   double flip_probability = 0.5;  // horizontal flip (0 disables)
   ImageLayout layout = ImageLayout::kCHW;
-  DecodeLimits limits;            // rejects decompression bombs before allocating
+  DecodeLimits limits;  // rejects decompression bombs before allocating
   // Honour the EXIF orientation tag: the crop is chosen in, and the output shows, the upright
   // image. Off by default, as torchvision's decode_jpeg and PIL's open leave it to the caller.
   bool exif_orientation = false;
