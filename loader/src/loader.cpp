@@ -368,14 +368,13 @@ void DataLoader::start_epoch() {
   top_up();
 }
 
-bool DataLoader::dispatch(uint32_t slot) {
+void DataLoader::dispatch(uint32_t slot) {
   SlotMeta& meta = *meta_[slot];
   meta.sequence = dispatched_++;
   meta.generation = generation_.load();
   meta.epoch = epoch_;
   jobs_.bounded_push(slot);  // sized for every slot: never allocates
   jobs_count_.release();
-  return true;
 }
 
 // Hands every free slot a batch, in order, without blocking.
@@ -389,7 +388,7 @@ void DataLoader::top_up() {
 
 // Waits for a free slot and dispatches the next batch. A slot always comes: the user never holds
 // every slot (see next()) and copies finish on their own.
-bool DataLoader::dispatch_blocking() {
+void DataLoader::dispatch_blocking() {
   // Wait in short steps so that a copy stage that can no longer finish (a sticky CUDA error)
   // becomes an exception instead of a hang.
   const auto deadline =
@@ -401,7 +400,10 @@ bool DataLoader::dispatch_blocking() {
                                 std::max(deadline - Clock::now(), Clock::duration::zero())));
     }
     std::optional<uint32_t> slot = shared_->ring.try_acquire_for(step);
-    if (slot) return dispatch(*slot);
+    if (slot) {
+      dispatch(*slot);
+      return;
+    }
     if (shared_->ring.closed()) throw std::logic_error("conveyor: the DataLoader was joined");
     if (engine_) engine_->check();
     if (Clock::now() >= deadline) {

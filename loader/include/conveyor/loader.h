@@ -255,9 +255,9 @@ class DataLoader {
   std::string describe(size_t index) const;  // the source's name for a sample; never throws
   void fill(size_t worker, uint32_t slot);
   bool write_with_policy(size_t worker, size_t index, std::byte* const* rows, SlotMeta& meta);
-  bool dispatch(uint32_t slot);
+  void dispatch(uint32_t slot);
   void top_up();
-  bool dispatch_blocking();
+  void dispatch_blocking();
   size_t wanted() const;
   uint32_t take_next(bool blocking);
   bool take_ready(uint32_t& slot);
