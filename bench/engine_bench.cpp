@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <barrier>
+#include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -58,13 +59,21 @@ void BM_PipelineMemcpy(benchmark::State& state) {
   DataLoader loader(std::make_shared<PatternSource>(64 * 40, kImageBytes), o);
   uint64_t bytes = 0;
   auto it = loader.begin();
+  const LoaderStats before = loader.stats();
+  const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
     if (it == loader.end()) it = loader.begin();
     bytes += it->size() * kImageBytes;
     benchmark::DoNotOptimize(it->fields[0].data_ptr());
     ++it;
   }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const LoaderStats after = loader.stats();
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  // The share of the workers' time spent writing samples: 1.0 means they never waited for a job.
+  state.counters["worker_busy"] =
+      (after.fill_seconds - before.fill_seconds) / (wall * static_cast<double>(workers));
+  state.counters["consumer_wait"] = (after.wait_seconds - before.wait_seconds) / wall;
 }
 BENCHMARK(BM_PipelineMemcpy)
     ->Args({1, 0})

@@ -42,11 +42,11 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <semaphore>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+#include "conveyor/semaphore.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -279,9 +279,9 @@ class DataLoader {
   // Stage to stage, lock-free: the consumer dispatches a batch by writing its slot's SlotMeta and
   // pushing the slot index to jobs_; a worker fills the slot and pushes it to completed_.
   boost::lockfree::queue<uint32_t> jobs_;
-  std::counting_semaphore<> jobs_count_{0};
+  Semaphore jobs_count_{0};
   boost::lockfree::queue<uint32_t> completed_;
-  std::counting_semaphore<> completed_count_{0};
+  Semaphore completed_count_{0};
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> generation_{0};  // changes when an epoch starts or is cancelled
   std::vector<size_t> order_;            // written only while no batch is dispatched

@@ -35,9 +35,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <semaphore>
 #include <string>
 #include <vector>
+#include "conveyor/semaphore.h"
 
 #include <boost/lockfree/queue.hpp>
 
@@ -143,7 +143,7 @@ class SlotRing {
   size_t slot_bytes_ = 0;
   std::vector<Slot> slots_;
   boost::lockfree::queue<uint32_t> free_;
-  std::counting_semaphore<> free_count_{0};
+  Semaphore free_count_{0};
   std::atomic<bool> closed_{false};
 };
 
