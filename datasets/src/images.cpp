@@ -14,6 +14,8 @@
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include <libyuv.h>
+
 #include "conveyor/datasets.h"
 #include "conveyor/random.h"
 
@@ -98,8 +100,8 @@ CropBox choose_crop(const ImageTransform& transform, int width, int height, uint
 namespace {
 
 // The decoder options ImageWriter uses, chosen by measurement (BENCHMARKS.md, "JPEG pipeline vs
-// decode ceiling"): RGBX pixels, because OpenCV resizes 4-byte pixels and splits them into
-// planes in fewer instructions than 3-byte ones; SIMD DCT scales only; replicated chroma, whose
+// decode ceiling"): RGBX pixels, which libyuv scales, mirrors and splits into planes with its
+// SIMD 4-byte-pixel kernels; SIMD DCT scales only; replicated chroma, whose
 // one-pixel chroma shift the following resize mostly averages away.
 DecodeOptions writer_decode_options(const ImageTransform& t) {
   DecodeOptions o;
@@ -168,13 +170,14 @@ cv::Mat orient(cv::Mat img, int orientation, cv::Mat& scratch) {
 struct ImageWriter::State {
   ImageTransform transform;
   JpegDecoder decoder;
-  cv::Mat resized;  // size x size RGBX scratch, reused
-  cv::Mat rotated;  // size x size RGBX scratch for EXIF rotations, reused
-  cv::Mat padding;  // size x size plane that receives the X of RGBX, reused
+  std::vector<uint8_t> scaled;    // size x size RGBX scratch, reused
+  std::vector<uint8_t> mirrored;  // size x size RGBX scratch for the flip, reused
+  cv::Mat rotated;                // size x size RGBX scratch for EXIF rotations, reused
   int last_scale = 8;
   explicit State(ImageTransform t) : transform(t), decoder(t.limits, writer_decode_options(t)) {
-    resized.create(t.size, t.size, CV_8UC4);
-    padding.create(t.size, t.size, CV_8UC1);
+    const size_t bytes = static_cast<size_t>(t.size) * static_cast<size_t>(t.size) * 4;
+    scaled.resize(bytes);
+    mirrored.resize(bytes);
   }
 };
 
@@ -204,30 +207,41 @@ void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& 
 
   // Decoded RGBX -> size x size RGBX (straight from the decoder's buffer when no resize is
   // needed), upright, flipped if asked, then split into the row's planes or packed as RGB.
-  cv::Mat img(image.height, image.width, CV_8UC4, const_cast<uint8_t*>(image.pixels), image.stride);
+  // libyuv does the pixel work (BENCHMARKS.md, "JPEG pipeline"): it calls RGBX "ABGR", and its
+  // ARGB functions see the bytes R,G,B,X as B,G,R,A, which only renames the planes below.
+  const int row = side * 4;
+  const uint8_t* pixels = image.pixels;
+  int stride = static_cast<int>(image.stride);
   if (image.width != side || image.height != side) {
-    cv::resize(img, s.resized, cv::Size(side, side), 0, 0, cv::INTER_LINEAR);
-    img = s.resized;
-  } else if (header.orientation != 1 || box.flip) {
-    img.copyTo(s.resized);  // the decoder's pixels are read-only
-    img = s.resized;
+    libyuv::ARGBScale(pixels, stride, image.width, image.height, s.scaled.data(), row, side, side,
+                      libyuv::kFilterBilinear);
+    pixels = s.scaled.data();
+    stride = row;
   }
-  img = orient(img, header.orientation, s.rotated);
+  if (header.orientation != 1) {  // rare: OpenCV turns the square upright
+    cv::Mat square(side, side, CV_8UC4, s.scaled.data(), static_cast<size_t>(row));
+    if (pixels != s.scaled.data()) {  // the decoder's pixels are read-only
+      cv::Mat(side, side, CV_8UC4, const_cast<uint8_t*>(pixels), static_cast<size_t>(stride))
+          .copyTo(square);
+    }
+    cv::Mat upright = orient(square, header.orientation, s.rotated);
+    pixels = upright.data;
+    stride = static_cast<int>(upright.step);
+  }
+  if (box.flip) {
+    libyuv::ARGBMirror(pixels, stride, s.mirrored.data(), row, side, side);
+    pixels = s.mirrored.data();
+    stride = row;
+  }
   auto* dst = reinterpret_cast<uint8_t*>(out);
   if (s.transform.layout == ImageLayout::kHWC) {
-    cv::Mat rgb(side, side, CV_8UC3, dst);
-    cv::cvtColor(img, rgb, cv::COLOR_RGBA2RGB);
-    if (box.flip) cv::flip(rgb, rgb, 1);
+    libyuv::ARGBToRGB24(pixels, stride, dst, side * 3, side, side);  // bytes 0,1,2 of each pixel
     return;
   }
   const size_t plane = static_cast<size_t>(side) * static_cast<size_t>(side);
-  cv::Mat planes[4] = {cv::Mat(side, side, CV_8UC1, dst), cv::Mat(side, side, CV_8UC1, dst + plane),
-                       cv::Mat(side, side, CV_8UC1, dst + 2 * plane), s.padding};
-  cv::split(img, planes);
-  // Flipping the one-byte planes (in place) keeps OpenCV's index table on its stack.
-  if (box.flip) {
-    for (int c = 0; c < 3; ++c) cv::flip(planes[c], planes[c], 1);
-  }
+  // libyuv's "B" plane is byte 0 of each pixel (R), its "R" plane byte 2 (B); X is dropped.
+  libyuv::SplitARGBPlane(pixels, stride, dst + 2 * plane, side, dst + plane, side, dst, side,
+                         nullptr, 0, side, side);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@
 // hands it (a row of a pinned batch slot), so nothing is allocated or copied per sample between
 // the file and the batch. The image sources (ImageFolder, FileList, in-memory JPEG bytes) decode
 // with libjpeg-turbo through JpegDecoder, decoding only the crop they need at the smallest DCT
-// scale that still covers the output (as RGBX), then resize with OpenCV and flip/split into the
-// row.
+// scale that still covers the output (as RGBX), then resize (bilinear), flip and split into the
+// row with libyuv.
 //
 // Requires: write_sample() may be called concurrently from `workers` threads, each passing its
 // own worker number (0 .. workers-1) as given to prepare(); a source keeps per-worker state
