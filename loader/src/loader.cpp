@@ -46,6 +46,11 @@ LoaderOptions resolve(LoaderOptions o) {
   o.prefetch_factor = std::max<size_t>(1, o.prefetch_factor);
   if (o.slots == 0) o.slots = o.workers + o.prefetch_factor + 2;
   o.slots = std::max<size_t>(o.slots, 2);
+  if (o.chunk_size == 0) {
+    o.chunk_size =
+        o.workers == 1 ? o.batch_size : std::max<size_t>(8, o.batch_size / (4 * o.workers));
+  }
+  o.chunk_size = std::min(o.chunk_size, o.batch_size);
   return o;
 }
 
@@ -117,12 +122,17 @@ struct DataLoader::Shared {
   explicit Shared(SlotRing::Options o) : ring(std::move(o)) {}
 };
 
+// Written by the consumer before it queues the batch's jobs; then the chunks' workers write their
+// own rows of `indices`, and the flags below say how the batch ended. The worker (or the
+// cancelling consumer) that takes `remaining` to zero owns the slot from then on.
 struct DataLoader::SlotMeta {
   size_t sequence = 0;
   uint64_t generation = 0;
   uint64_t epoch = 0;
-  std::vector<size_t> indices;  // reserved to batch_size once: no allocation while filling
-  bool cancelled = false;
+  std::vector<size_t> indices;       // one per row; reserved to batch_size once: never reallocates
+  std::atomic<size_t> remaining{0};  // chunks not finished
+  std::atomic<bool> cancelled{false};
+  std::atomic<bool> failed{false};  // the first failing chunk sets it and writes the error below
   std::exception_ptr error;
   size_t error_index = 0;
   std::string error_path;
@@ -140,7 +150,8 @@ DataLoader::DataLoader(std::shared_ptr<SampleSource> source, LoaderOptions optio
     : source_(std::move(source)),
       options_(resolve(options)),
       sampler_(sampler ? std::move(sampler) : SequentialSampler::make()),
-      jobs_(options_.slots),
+      chunks_((options_.batch_size + options_.chunk_size - 1) / options_.chunk_size),
+      jobs_(options_.slots * chunks_),
       completed_(options_.slots) {
   if (!source_) throw std::invalid_argument("conveyor: DataLoader needs a SampleSource");
   fields_ = source_->fields();
@@ -245,36 +256,37 @@ void DataLoader::worker_loop(size_t worker) {
   for (;;) {
     jobs_count_.acquire();
     if (stop_.load()) return;
-    uint32_t slot = 0;
-    jobs_.pop(slot);  // a permit always matches a queued job (push before release)
-    fill(worker, slot);
-    completed_.bounded_push(slot);
-    completed_count_.release();
+    uint32_t job = 0;
+    jobs_.pop(job);  // a permit always matches a queued job (push before release)
+    fill(worker, job);
   }
 }
 
-void DataLoader::fill(size_t worker, uint32_t slot) {
+void DataLoader::fill(size_t worker, uint32_t job) {
   const auto t0 = Clock::now();
+  const uint32_t slot = static_cast<uint32_t>(job / chunks_);
   SlotMeta& meta = *meta_[slot];  // written by the consumer before it queued the job
-  meta.cancelled = false;
-  meta.error = nullptr;
-  meta.indices.clear();
-  const size_t begin = meta.sequence * options_.batch_size;
-  const size_t end = std::min(order_.size(), begin + options_.batch_size);
+  const size_t first = (job % chunks_) * options_.chunk_size;
+  const size_t last = std::min(meta.indices.size(), first + options_.chunk_size);
+  const size_t base = meta.sequence * options_.batch_size;  // the batch's first place in order_
   std::array<std::byte*, kMaxFields> rows{};
-  for (size_t i = begin; i < end; ++i) {
+  for (size_t r = first; r < last; ++r) {
     if (generation_.load(std::memory_order_relaxed) != meta.generation) {
-      meta.cancelled = true;
+      meta.cancelled.store(true);
       break;
     }
-    for (size_t f = 0; f < fields_.size(); ++f) {
-      rows[f] = shared_->ring.field(slot, f) + (i - begin) * field_bytes_[f];
-    }
-    if (!write_with_policy(worker, order_[i], rows.data(), meta)) break;
+    if (meta.failed.load(std::memory_order_relaxed)) break;  // the batch fails anyway
+    for (size_t f = 0; f < fields_.size(); ++f)
+      rows[f] = shared_->ring.field(slot, f) + r * field_bytes_[f];
+    if (!write_with_policy(worker, r, order_[base + r], rows.data(), meta)) break;
   }
-  if (!meta.error && !meta.cancelled) shared_->ring.mark_ready(slot);
   fill_ns_.fetch_add(static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+  if (meta.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  // The batch's last chunk: hand the slot on.
+  if (!meta.failed.load() && !meta.cancelled.load()) shared_->ring.mark_ready(slot);
+  completed_.bounded_push(slot);
+  completed_count_.release();
 }
 
 std::string DataLoader::describe(size_t index) const {
@@ -285,12 +297,24 @@ std::string DataLoader::describe(size_t index) const {
   }
 }
 
-bool DataLoader::write_with_policy(size_t worker, size_t index, std::byte* const* rows,
+void DataLoader::record_failure(SlotMeta& meta, size_t index, std::exception_ptr error) {
+  if (meta.failed.exchange(true)) return;  // another chunk of this batch failed first
+  meta.error = error;
+  meta.error_index = index;
+  try {
+    meta.error_path = describe(index);
+    meta.error_message = exception_message(error);
+  } catch (...) {
+    meta.error_message = "(the error could not be described)";
+  }
+}
+
+bool DataLoader::write_with_policy(size_t worker, size_t row, size_t index, std::byte* const* rows,
                                    SlotMeta& meta) {
   SampleContext ctx{worker, index, options_.seed, meta.epoch};
   try {
     source_->write_sample(ctx, rows);
-    meta.indices.push_back(index);
+    meta.indices[row] = index;
     return true;
   } catch (...) {
     errors_.fetch_add(1);
@@ -312,7 +336,7 @@ bool DataLoader::write_with_policy(size_t worker, size_t index, std::byte* const
         ctx.index = (index + k) % n;
         try {
           source_->write_sample(ctx, rows);
-          meta.indices.push_back(ctx.index);
+          meta.indices[row] = ctx.index;
           return true;
         } catch (...) {
           errors_.fetch_add(1);
@@ -322,14 +346,7 @@ bool DataLoader::write_with_policy(size_t worker, size_t index, std::byte* const
           exception_message(error) + "; and none of the next " +
           std::to_string(options_.max_substitutes) + " samples loaded as a substitute"));
     }
-    meta.error = error;
-    meta.error_index = index;
-    try {
-      meta.error_path = describe(index);
-      meta.error_message = exception_message(error);
-    } catch (...) {
-      meta.error_message = "(the error could not be described)";
-    }
+    record_failure(meta, index, error);
     return false;
   }
 }
@@ -373,8 +390,18 @@ void DataLoader::dispatch(uint32_t slot) {
   meta.sequence = dispatched_++;
   meta.generation = generation_.load();
   meta.epoch = epoch_;
-  jobs_.bounded_push(slot);  // sized for every slot: never allocates
-  jobs_count_.release();
+  const size_t first = meta.sequence * options_.batch_size;
+  const size_t rows = std::min(order_.size() - first, options_.batch_size);
+  meta.indices.resize(rows);  // within the reserved capacity
+  meta.cancelled.store(false);
+  meta.failed.store(false);
+  meta.error = nullptr;
+  const size_t chunks = (rows + options_.chunk_size - 1) / options_.chunk_size;
+  meta.remaining.store(chunks, std::memory_order_release);
+  for (size_t c = 0; c < chunks; ++c) {
+    jobs_.bounded_push(static_cast<uint32_t>(slot * chunks_ + c));  // sized for every chunk
+  }
+  jobs_count_.release(static_cast<std::ptrdiff_t>(chunks));
 }
 
 // Hands every free slot a batch, in order, without blocking.
@@ -416,12 +443,19 @@ void DataLoader::dispatch_blocking() {
 
 void DataLoader::cancel_epoch() {
   generation_.fetch_add(1);  // workers abandon their batch at the next sample
-  // Take back the jobs no worker started, then wait for the ones in progress.
+  // Take back the jobs no worker started, then wait for the batches still being filled. A batch
+  // whose last chunk is taken back here is collected here; otherwise the worker filling its last
+  // chunk pushes it to completed_.
   while (jobs_count_.try_acquire()) {
-    uint32_t slot = 0;
-    jobs_.pop(slot);
-    ++collected_;
-    shared_->ring.release(slot);
+    uint32_t job = 0;
+    jobs_.pop(job);
+    const auto slot = static_cast<uint32_t>(job / chunks_);
+    SlotMeta& meta = *meta_[slot];
+    meta.cancelled.store(true);
+    if (meta.remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      ++collected_;
+      shared_->ring.release(slot);
+    }
   }
   while (collected_ < dispatched_) {
     completed_count_.acquire();

@@ -147,6 +147,11 @@ struct LoaderOptions {
   size_t prefetch_factor = 2;
   // Batch slots in the ring. 0 means workers + prefetch_factor + 2.
   size_t slots = 0;
+  // Samples per job: the workers share each batch in chunks of this many samples, so a batch is
+  // ready in about 1/workers of the time one worker would take, and no worker idles at the end of
+  // an epoch while another finishes a whole batch. 0 means batch_size / (4 * workers), at least
+  // 8 samples (one chunk per batch with one worker).
+  size_t chunk_size = 0;
 };
 
 // A sample failed to load; what() names the sample index and its file.
@@ -253,8 +258,10 @@ class DataLoader {
   struct Staged;
   void worker_loop(size_t worker);
   std::string describe(size_t index) const;  // the source's name for a sample; never throws
-  void fill(size_t worker, uint32_t slot);
-  bool write_with_policy(size_t worker, size_t index, std::byte* const* rows, SlotMeta& meta);
+  void fill(size_t worker, uint32_t job);
+  bool write_with_policy(size_t worker, size_t row, size_t index, std::byte* const* rows,
+                         SlotMeta& meta);
+  void record_failure(SlotMeta& meta, size_t index, std::exception_ptr error);
   void dispatch(uint32_t slot);
   void top_up();
   void dispatch_blocking();
@@ -277,7 +284,9 @@ class DataLoader {
   std::vector<std::unique_ptr<SlotMeta>> meta_;
 
   // Stage to stage, lock-free: the consumer dispatches a batch by writing its slot's SlotMeta and
-  // pushing the slot index to jobs_; a worker fills the slot and pushes it to completed_.
+  // pushing one job per chunk (slot * chunks_ + chunk) to jobs_; workers fill the chunks, and the
+  // worker that finishes a batch's last chunk pushes the slot to completed_.
+  size_t chunks_ = 1;  // chunks per full batch
   boost::lockfree::queue<uint32_t> jobs_;
   Semaphore jobs_count_{0};
   boost::lockfree::queue<uint32_t> completed_;
