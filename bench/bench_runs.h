@@ -14,6 +14,7 @@ struct BenchConfig {
   size_t batch_size = 256;
   size_t workers = 1;
   size_t epochs = 2;
+  size_t rounds = 3;  // each run this many times, interleaved; ratios are per-round medians
   int crop = 224;
   std::string device;  // "cpu", "cuda", "cuda:1"
   std::vector<std::string> compare;
@@ -36,6 +37,9 @@ struct RunResult {
   double wait_fraction = 0;
   std::vector<std::pair<int, double>> scale_shares;  // DCT numerator -> share of samples
   std::map<std::string, double> extra;               // GPU figures and the like
+  // Conveyor's images/s over this run's, one per round (same round, same process); the table
+  // and the JSON give their median.
+  std::vector<double> ratios;
 };
 
 RunResult run_conveyor(const BenchConfig& config);

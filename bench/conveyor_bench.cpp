@@ -2,7 +2,7 @@
 // process on the same files and threads, so every figure is a ratio against something real.
 //
 //   conveyor-bench [--data DIR | --generate N] [--batch-size 256] [--workers W] [--epochs 2]
-//                  [--crop 224] [--device cpu|cuda[:i]] [--compare ceiling,...]
+//                  [--rounds 3] [--crop 224] [--device cpu|cuda[:i]] [--compare ceiling,...]
 //                  [--on-error raise|skip] [--json FILE]
 //
 // Without --data it generates (once, cached) the photo-like default dataset.
@@ -36,6 +36,8 @@ namespace {
   --batch-size B      images per batch (default 256)
   --workers W         decoding threads (default: all cores)
   --epochs E          epochs to time (default 2)
+  --rounds R          run Conveyor and each reference R times, interleaved; report the median
+                      of the per-round ratios (default 3)
   --crop S            RandomResizedCrop output size (default 224)
   --device D          cpu or cuda[:index] (default: cuda if a GPU is usable, else cpu)
   --compare LIST      reference runs, comma-separated: ceiling, torch, torch-fused, naive, all
@@ -81,6 +83,8 @@ BenchConfig parse(int argc, char** argv) {
       c.workers = number(value());
     else if (a == "--epochs")
       c.epochs = number(value());
+    else if (a == "--rounds")
+      c.rounds = std::max<size_t>(1, number(value()));
     else if (a == "--crop")
       c.crop = static_cast<int>(number(value()));
     else if (a == "--device")
@@ -142,16 +146,30 @@ void warm_page_cache(const std::string& data) {
             << " MB) once to warm the page cache\n";
 }
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const RunResult& main) {
-  std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu\n", c.data.c_str(),
-              c.batch_size, c.workers, c.crop, c.epochs);
+  std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu  rounds %zu\n",
+              c.data.c_str(), c.batch_size, c.workers, c.crop, c.epochs, c.rounds);
   std::printf("mode: %s\n", main.mode.c_str());
-  std::printf("%-14s %12s %10s %16s\n", "run", "images/s", "images", "conveyor / run");
+  std::printf("%-14s %12s %10s %16s %18s\n", "run", "images/s", "images", "conveyor / run",
+              "(rounds min..max)");
   for (const auto& r : runs) {
-    std::printf("%-14s %12.1f %10llu %15.2fx\n", r.name.c_str(), r.images_per_s,
-                static_cast<unsigned long long>(r.images),
-                r.images_per_s > 0 ? main.images_per_s / r.images_per_s : 0.0);
+    if (r.name == "conveyor") {
+      std::printf("%-14s %12.1f %10llu %15.2fx\n", r.name.c_str(), r.images_per_s,
+                  static_cast<unsigned long long>(r.images), 1.0);
+      continue;
+    }
+    const auto [lo, hi] = std::minmax_element(r.ratios.begin(), r.ratios.end());
+    std::printf("%-14s %12.1f %10llu %15.2fx %11.2f..%.2f\n", r.name.c_str(), r.images_per_s,
+                static_cast<unsigned long long>(r.images), median(r.ratios), *lo, *hi);
   }
+  std::printf("(images/s: median over rounds; a ratio: the median of each round's ratio)\n");
   std::printf("errors %llu  skipped %llu  consumer waited %.1f%%  p50 %.1f ms  p99 %.1f ms\n",
               static_cast<unsigned long long>(main.errors),
               static_cast<unsigned long long>(main.skipped), 100.0 * main.wait_fraction,
@@ -185,6 +203,7 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
   field("batch_size", std::to_string(c.batch_size));
   field("workers", std::to_string(c.workers));
   field("epochs", std::to_string(c.epochs));
+  field("rounds", std::to_string(c.rounds));
   field("crop", std::to_string(c.crop));
   field("images", std::to_string(main.images));
   field("seconds", std::to_string(main.seconds));
@@ -204,8 +223,10 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
     std::string key = r.name;
     std::replace(key.begin(), key.end(), '-', '_');
     field(key + "_images_per_s", std::to_string(r.images_per_s));
-    field(key + "_ratio",
-          std::to_string(r.images_per_s > 0 ? main.images_per_s / r.images_per_s : 0));
+    field(key + "_ratio", std::to_string(median(r.ratios)));
+    const auto [lo, hi] = std::minmax_element(r.ratios.begin(), r.ratios.end());
+    field(key + "_ratio_min", std::to_string(*lo));
+    field(key + "_ratio_max", std::to_string(*hi));
   }
   field("cuda_available", cuda_available() ? "true" : "false", true);
   out << "}\n";
@@ -220,11 +241,39 @@ int main(int argc, char** argv) {
     BenchConfig config = parse(argc, argv);
     config.progress = ::isatty(STDERR_FILENO) != 0;
     warm_page_cache(config.data);
-    std::vector<RunResult> runs;
-    RunResult main_run = run_conveyor(config);
-    add_gpu_figures(config, main_run);
-    runs.push_back(main_run);
-    for (const auto& name : config.compare) runs.push_back(run_reference(name, config));
+    // Rounds interleave Conveyor and the references so that a slow spell of the machine (shared
+    // VMs drift by 15%) hits both sides of a ratio alike.
+    std::vector<RunResult> mains;
+    std::vector<std::vector<RunResult>> refs(config.compare.size());
+    for (size_t round = 0; round < config.rounds; ++round) {
+      if (config.rounds > 1) std::cerr << "conveyor-bench: round " << round + 1 << "\n";
+      mains.push_back(run_conveyor(config));
+      if (round == 0) add_gpu_figures(config, mains.back());
+      for (size_t i = 0; i < config.compare.size(); ++i) {
+        refs[i].push_back(run_reference(config.compare[i], config));
+      }
+    }
+    auto median_run = [](std::vector<RunResult> all) {
+      std::sort(all.begin(), all.end(), [](const RunResult& a, const RunResult& b) {
+        return a.images_per_s < b.images_per_s;
+      });
+      RunResult r = all[all.size() / 2];
+      std::vector<double> rates;
+      for (const auto& x : all) rates.push_back(x.images_per_s);
+      r.images_per_s = median(rates);
+      return r;
+    };
+    RunResult main_run = median_run(mains);
+    main_run.extra.insert(mains.front().extra.begin(), mains.front().extra.end());
+    std::vector<RunResult> runs{main_run};
+    for (size_t i = 0; i < config.compare.size(); ++i) {
+      RunResult r = median_run(refs[i]);
+      for (size_t k = 0; k < config.rounds; ++k) {
+        r.ratios.push_back(
+            refs[i][k].images_per_s > 0 ? mains[k].images_per_s / refs[i][k].images_per_s : 0);
+      }
+      runs.push_back(r);
+    }
     print_table(config, runs, main_run);
     if (!config.json.empty()) write_json(config, runs, main_run);
     return 0;
