@@ -24,20 +24,33 @@ std::vector<int64_t> values(const Batch& b) {
 struct Combo {
   size_t n, batch, workers;
   bool drop_last, ordered;
+  size_t chunk = 0;  // LoaderOptions::chunk_size; 0 = the default
 };
 
 TEST(Loader, EveryIndexExactlyOncePerEpochAcrossCombinations) {
   const std::vector<Combo> combos = {
-      {1, 1, 1, false, true},     {7, 3, 2, false, true},   {7, 3, 2, true, true},
-      {64, 8, 8, false, false},   {100, 7, 8, true, false}, {100, 7, 1, false, true},
-      {257, 32, 2, false, false}, {33, 64, 8, false, true}, {33, 64, 2, true, true},
+      {1, 1, 1, false, true},
+      {7, 3, 2, false, true},
+      {7, 3, 2, true, true},
+      {64, 8, 8, false, false},
+      {100, 7, 8, true, false},
+      {100, 7, 1, false, true},
+      {257, 32, 2, false, false},
+      {33, 64, 8, false, true},
+      {33, 64, 2, true, true},
       {1000, 10, 8, false, true},
+      // Batches shared among workers in explicit chunks, including ragged last chunks.
+      {100, 7, 2, false, true, 1},
+      {257, 32, 8, false, false, 3},
+      {64, 16, 2, true, true, 5},
+      {50, 12, 3, false, true, 12},
   };
   for (const Combo& c : combos) {
     SCOPED_TRACE("n=" + std::to_string(c.n) + " batch=" + std::to_string(c.batch) + " workers=" +
                  std::to_string(c.workers) + " drop_last=" + std::to_string(c.drop_last) +
-                 " ordered=" + std::to_string(c.ordered));
+                 " ordered=" + std::to_string(c.ordered) + " chunk=" + std::to_string(c.chunk));
     LoaderOptions o;
+    o.chunk_size = c.chunk;
     o.batch_size = c.batch;
     o.workers = c.workers;
     o.drop_last = c.drop_last;
@@ -246,6 +259,50 @@ TEST(Loader, WorkerExceptionNamesTheSampleAndKeepsTheOriginal) {
   EXPECT_TRUE(thrown);
   EXPECT_EQ(delivered, 4u);  // the other batches still arrive
   EXPECT_EQ(loader.stats().errors, 1u);
+}
+
+TEST(Loader, AFailureInOneChunkFailsOnlyItsBatchWhileOtherChunksLoad) {
+  auto source = std::make_shared<IndexSource>(48);
+  source->fail_at = {21, 22};  // two failing samples in two chunks of batch 1
+  LoaderOptions o;
+  o.batch_size = 16;
+  o.chunk_size = 1;
+  o.workers = 8;
+  DataLoader loader(source, o);
+  std::vector<size_t> delivered;
+  size_t failures = 0;
+  for (int i = 0; i < 3; ++i) {
+    try {
+      auto b = loader.next();
+      ASSERT_TRUE(b.has_value());
+      delivered.push_back(b->sequence);
+      EXPECT_EQ(values(*b), std::vector<int64_t>(b->indices.begin(), b->indices.end()));
+    } catch (const SampleError& e) {
+      ++failures;
+      EXPECT_TRUE(e.index() == 21u || e.index() == 22u) << e.what();
+      EXPECT_NE(std::string(e.what()).find("batch 1"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(failures, 1u);
+  EXPECT_EQ(delivered, (std::vector<size_t>{0, 2}));
+  EXPECT_FALSE(loader.next().has_value());
+}
+
+TEST(Loader, WorkersShareEachBatch) {
+  auto source = std::make_shared<IndexSource>(64);
+  source->record_workers = true;
+  source->delay = 1ms;  // long enough for every worker to wake while batch 0 is being filled
+  LoaderOptions o;
+  o.batch_size = 64;
+  o.workers = 4;
+  o.chunk_size = 8;
+  DataLoader loader(source, o);
+  auto b = loader.next();
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->size(), 64u);
+  std::set<size_t> writers;
+  for (const auto& [index, worker] : source->worker_of) writers.insert(worker);
+  EXPECT_GE(writers.size(), 2u) << "one batch of 8 chunks was filled by a single worker";
 }
 
 TEST(Loader, SkipPolicyReplacesAndCountsFailedSamples) {

@@ -89,6 +89,10 @@ class IndexSource : public SampleSource {
     auto v = static_cast<int64_t>(ctx.index);
     std::memcpy(fields[0], &v, sizeof v);
     std::memcpy(fields[1], &v, sizeof v);
+    if (record_workers) {
+      std::lock_guard<std::mutex> lock(stall_mutex);
+      worker_of[ctx.index] = ctx.worker;
+    }
   }
   std::string describe(size_t index) const override {
     return "/data/item_" + std::to_string(index) + ".bin";
@@ -105,6 +109,8 @@ class IndexSource : public SampleSource {
   std::set<size_t> stall_at;
   std::chrono::microseconds delay{0};
   std::atomic<uint64_t> calls{0};
+  bool record_workers = false;         // set before the loader starts
+  std::map<size_t, size_t> worker_of;  // index -> the worker that wrote it, when recorded
 
  private:
   size_t n_;
