@@ -16,6 +16,19 @@ constexpr size_t kMaxSkipRecords = 1000;
 
 using Clock = std::chrono::steady_clock;
 
+// The queues are sized for every job and every slot, so a failed push or pop is a bookkeeping
+// bug; acting on a made-up index would corrupt a batch, so stop instead.
+template <typename Queue>
+uint32_t pop_or_die(Queue& queue) {
+  uint32_t value = 0;
+  if (!queue.pop(value)) std::terminate();
+  return value;
+}
+template <typename Queue>
+void push_or_die(Queue& queue, uint32_t value) {
+  if (!queue.bounded_push(value)) std::terminate();
+}
+
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -44,6 +57,11 @@ LoaderOptions resolve(LoaderOptions o) {
   if (o.batch_size == 0) throw std::invalid_argument("conveyor: batch_size must be at least 1");
   if (o.workers == 0) o.workers = std::max(1u, std::thread::hardware_concurrency());
   o.prefetch_factor = std::max<size_t>(1, o.prefetch_factor);
+  if (o.timeout) {  // deadlines are now() + timeout: keep them far from overflowing
+    o.timeout = std::min<std::chrono::milliseconds>(*o.timeout, std::chrono::hours(24 * 365));
+    if (o.timeout->count() < 0)
+      throw std::invalid_argument("conveyor: timeout must not be negative");
+  }
   if (o.slots == 0) o.slots = o.workers + o.prefetch_factor + 2;
   o.slots = std::max<size_t>(o.slots, 2);
   if (o.chunk_size == 0) {
@@ -51,6 +69,13 @@ LoaderOptions resolve(LoaderOptions o) {
         o.workers == 1 ? o.batch_size : std::max<size_t>(8, o.batch_size / (4 * o.workers));
   }
   o.chunk_size = std::min(o.chunk_size, o.batch_size);
+  // Jobs are 32-bit (slot, chunk) numbers, and the job queue holds every chunk of every slot.
+  const size_t chunks = (o.batch_size + o.chunk_size - 1) / o.chunk_size;
+  if (o.slots * chunks > (size_t{1} << 24)) {
+    throw std::invalid_argument("conveyor: " + std::to_string(o.slots) + " slots x " +
+                                std::to_string(chunks) +
+                                " chunks per batch is too many jobs; raise chunk_size");
+  }
   return o;
 }
 
@@ -132,7 +157,10 @@ struct DataLoader::SlotMeta {
   std::vector<size_t> indices;       // one per row; reserved to batch_size once: never reallocates
   std::atomic<size_t> remaining{0};  // chunks not finished
   std::atomic<bool> cancelled{false};
-  std::atomic<bool> failed{false};  // the first failing chunk sets it and writes the error below
+  std::atomic<bool> failed{false};  // some row failed; the batch will not be delivered
+  // The lowest failing row; its error is the batch's, whichever chunk finished first.
+  std::atomic<size_t> failed_row{SIZE_MAX};
+  std::mutex error_mutex;  // taken only when a sample fails for good
   std::exception_ptr error;
   size_t error_index = 0;
   std::string error_path;
@@ -256,9 +284,7 @@ void DataLoader::worker_loop(size_t worker) {
   for (;;) {
     jobs_count_.acquire();
     if (stop_.load()) return;
-    uint32_t job = 0;
-    jobs_.pop(job);  // a permit always matches a queued job (push before release)
-    fill(worker, job);
+    fill(worker, pop_or_die(jobs_));  // a permit always matches a queued job (push, then release)
   }
 }
 
@@ -275,7 +301,8 @@ void DataLoader::fill(size_t worker, uint32_t job) {
       meta.cancelled.store(true);
       break;
     }
-    if (meta.failed.load(std::memory_order_relaxed)) break;  // the batch fails anyway
+    // Rows after a known failure cannot change the batch's error; rows before it still can.
+    if (meta.failed_row.load(std::memory_order_relaxed) < r) break;
     for (size_t f = 0; f < fields_.size(); ++f)
       rows[f] = shared_->ring.field(slot, f) + r * field_bytes_[f];
     if (!write_with_policy(worker, r, order_[base + r], rows.data(), meta)) break;
@@ -285,7 +312,7 @@ void DataLoader::fill(size_t worker, uint32_t job) {
   if (meta.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   // The batch's last chunk: hand the slot on.
   if (!meta.failed.load() && !meta.cancelled.load()) shared_->ring.mark_ready(slot);
-  completed_.bounded_push(slot);
+  push_or_die(completed_, slot);
   completed_count_.release();
 }
 
@@ -297,8 +324,12 @@ std::string DataLoader::describe(size_t index) const {
   }
 }
 
-void DataLoader::record_failure(SlotMeta& meta, size_t index, std::exception_ptr error) {
-  if (meta.failed.exchange(true)) return;  // another chunk of this batch failed first
+void DataLoader::record_failure(SlotMeta& meta, size_t row, size_t index,
+                                std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(meta.error_mutex);
+  meta.failed.store(true);
+  if (row >= meta.failed_row.load()) return;  // a chunk failed at an earlier row: its error wins
+  meta.failed_row.store(row);
   meta.error = error;
   meta.error_index = index;
   try {
@@ -346,7 +377,7 @@ bool DataLoader::write_with_policy(size_t worker, size_t row, size_t index, std:
           exception_message(error) + "; and none of the next " +
           std::to_string(options_.max_substitutes) + " samples loaded as a substitute"));
     }
-    record_failure(meta, index, error);
+    record_failure(meta, row, index, error);
     return false;
   }
 }
@@ -395,11 +426,12 @@ void DataLoader::dispatch(uint32_t slot) {
   meta.indices.resize(rows);  // within the reserved capacity
   meta.cancelled.store(false);
   meta.failed.store(false);
+  meta.failed_row.store(SIZE_MAX);
   meta.error = nullptr;
   const size_t chunks = (rows + options_.chunk_size - 1) / options_.chunk_size;
   meta.remaining.store(chunks, std::memory_order_release);
   for (size_t c = 0; c < chunks; ++c) {
-    jobs_.bounded_push(static_cast<uint32_t>(slot * chunks_ + c));  // sized for every chunk
+    push_or_die(jobs_, static_cast<uint32_t>(slot * chunks_ + c));
   }
   jobs_count_.release(static_cast<std::ptrdiff_t>(chunks));
 }
@@ -447,8 +479,7 @@ void DataLoader::cancel_epoch() {
   // whose last chunk is taken back here is collected here; otherwise the worker filling its last
   // chunk pushes it to completed_.
   while (jobs_count_.try_acquire()) {
-    uint32_t job = 0;
-    jobs_.pop(job);
+    const uint32_t job = pop_or_die(jobs_);
     const auto slot = static_cast<uint32_t>(job / chunks_);
     SlotMeta& meta = *meta_[slot];
     meta.cancelled.store(true);
@@ -459,8 +490,7 @@ void DataLoader::cancel_epoch() {
   }
   while (collected_ < dispatched_) {
     completed_count_.acquire();
-    uint32_t slot = 0;
-    completed_.pop(slot);
+    const uint32_t slot = pop_or_die(completed_);
     ++collected_;
     shared_->ring.release(slot);
   }
@@ -513,8 +543,7 @@ uint32_t DataLoader::take_next(bool blocking) {
     } else if (!completed_count_.try_acquire()) {
       return UINT32_MAX;
     }
-    uint32_t popped = 0;
-    completed_.pop(popped);
+    const uint32_t popped = pop_or_die(completed_);
     ++collected_;
     if (!options_.enforce_ordering) return popped;
     reorder_[meta_[popped]->sequence % reorder_.size()] = static_cast<int64_t>(popped);

@@ -150,7 +150,8 @@ struct LoaderOptions {
   // Samples per job: the workers share each batch in chunks of this many samples, so a batch is
   // ready in about 1/workers of the time one worker would take, and no worker idles at the end of
   // an epoch while another finishes a whole batch. 0 means batch_size / (4 * workers), at least
-  // 8 samples (one chunk per batch with one worker).
+  // 8 samples (one chunk per batch with one worker). When several samples of a batch fail, the
+  // SampleError names the first of them in batch order, as with one chunk.
   size_t chunk_size = 0;
 };
 
@@ -261,7 +262,7 @@ class DataLoader {
   void fill(size_t worker, uint32_t job);
   bool write_with_policy(size_t worker, size_t row, size_t index, std::byte* const* rows,
                          SlotMeta& meta);
-  void record_failure(SlotMeta& meta, size_t index, std::exception_ptr error);
+  void record_failure(SlotMeta& meta, size_t row, size_t index, std::exception_ptr error);
   void dispatch(uint32_t slot);
   void top_up();
   void dispatch_blocking();
@@ -306,9 +307,8 @@ class DataLoader {
   std::vector<int64_t> reorder_;  // sequence % slots -> slot, -1 when absent
   std::deque<std::unique_ptr<Staged>> staged_;
   bool joined_ = false;
-  std::exception_ptr deferred_failure_;
-  std::optional<uint64_t>
-      next_epoch_;  // set_epoch()  // a prefetch failure, reported by the next next()
+  std::exception_ptr deferred_failure_;  // a prefetch failure, reported by the next next()
+  std::optional<uint64_t> next_epoch_;   // set by set_epoch()
 
   // Statistics.
   std::atomic<uint64_t> fill_ns_{0};

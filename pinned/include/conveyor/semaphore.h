@@ -10,10 +10,11 @@
 // dispatches and collects batches ran only when a worker blocked: measured with a memcpy dataset
 // on 2 cores, one of two workers sat idle and the pipeline moved 0.64 of a plain memcpy.
 //
-// Guarantees: this is a POSIX semaphore (glibc: an atomic fast path, futex sleep, no spinning).
+// Guarantees: this is a POSIX semaphore (glibc: an atomic fast path, futex sleep), never yields.
 //   * try_acquire() never waits and never yields.
-//   * acquire() spins briefly (200 pause instructions, a few microseconds), then sleeps until a
-//     permit comes; try_acquire_for() gives up after the duration (steady clock).
+//   * acquire() spins briefly (200 pause instructions: a few to about ten microseconds), then
+//     sleeps until a permit comes; try_acquire_for() gives up after the duration (steady clock;
+//     durations beyond a year count as a year).
 //   * release() never blocks; it wakes a sleeping waiter if there is one.
 // Requires: the count stays below SEM_VALUE_MAX (INT_MAX on Linux).
 // Thread safety: every member function may be called concurrently, except construction and
@@ -57,7 +58,7 @@ class Semaphore {
       pause();
     }
     while (sem_wait(&sem_) != 0) {
-      // EINTR: a signal handler ran; keep waiting.
+      if (errno != EINTR) std::terminate();  // EINVAL: not a semaphore, a bug
     }
   }
 
@@ -73,7 +74,10 @@ class Semaphore {
     if (try_acquire()) return true;
     timespec deadline{};
     clock_gettime(CLOCK_MONOTONIC, &deadline);
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
+    constexpr std::chrono::hours kYear{24 * 365};
+    const auto ns = timeout >= kYear
+                        ? std::chrono::duration_cast<std::chrono::nanoseconds>(kYear).count()
+                        : std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
     if (ns <= 0) return false;
     deadline.tv_sec += static_cast<time_t>(ns / 1'000'000'000);
     deadline.tv_nsec += static_cast<long>(ns % 1'000'000'000);
