@@ -58,6 +58,8 @@ TEST(Loader, EveryIndexExactlyOncePerEpochAcrossCombinations) {
     DataLoader loader(std::make_shared<IndexSource>(c.n), o, RandomSampler::make(3));
     const size_t expected = c.drop_last ? (c.n / c.batch) * c.batch : c.n;
     for (int epoch = 0; epoch < 3; ++epoch) {
+      std::vector<size_t> order;
+      RandomSampler(3).indices(c.n, static_cast<uint64_t>(epoch), order);
       std::vector<int> seen(c.n, 0);
       size_t batches = 0, previous_sequence = 0, total = 0;
       for (Batch& b : loader) {
@@ -77,6 +79,12 @@ TEST(Loader, EveryIndexExactlyOncePerEpochAcrossCombinations) {
           ++total;
         }
         EXPECT_EQ(values(b), std::vector<int64_t>(b.indices.begin(), b.indices.end()));
+        // Rows in sampler order, whichever chunks and workers wrote them.
+        ASSERT_LE(b.sequence * c.batch + b.size(), order.size());
+        EXPECT_EQ(b.indices, std::vector<size_t>(
+                                 order.begin() + static_cast<std::ptrdiff_t>(b.sequence * c.batch),
+                                 order.begin() +
+                                     static_cast<std::ptrdiff_t>(b.sequence * c.batch + b.size())));
       }
       EXPECT_EQ(batches, loader.batches_per_epoch());
       EXPECT_EQ(total, expected);
@@ -174,30 +182,41 @@ TEST(Samplers, DistributedSamplerMatchesPyTorchSemantics) {
 }
 
 TEST(Loader, BreakingOutEarlyThenANewEpochDeliversTheWholeEpoch) {
-  LoaderOptions o;
-  o.batch_size = 4;
-  o.workers = 2;
-  auto source = std::make_shared<IndexSource>(40);
-  source->delay = 200us;
-  DataLoader loader(source, o, RandomSampler::make(1));
-  finishes_within(20s, "early break", [&] {
-    for (int round = 0; round < 5; ++round) {
-      size_t taken = 0;
-      for (Batch& b : loader) {
-        (void)b;
-        if (++taken == 2) break;
+  // One chunk per batch, then batches of 8 chunks on 4 workers over 3 slots, so that cancelling
+  // takes back some chunks of a batch while workers hold others.
+  for (size_t chunk : {0, 2}) {
+    SCOPED_TRACE("chunk_size=" + std::to_string(chunk));
+    LoaderOptions o;
+    o.batch_size = chunk ? 16 : 4;
+    o.workers = chunk ? 4 : 2;
+    o.chunk_size = chunk;
+    if (chunk) o.slots = 3;
+    const size_t n = chunk ? 160 : 40;
+    auto source = std::make_shared<IndexSource>(n);
+    source->delay = 200us;
+    DataLoader loader(source, o, RandomSampler::make(1));
+    finishes_within(20s, "early break", [&] {
+      for (int round = 0; round < 5; ++round) {
+        size_t taken = 0;
+        for (Batch& b : loader) {
+          (void)b;
+          if (++taken == 2) break;
+        }
+        EXPECT_EQ(taken, 2u);
       }
-      EXPECT_EQ(taken, 2u);
-    }
-    std::set<int64_t> seen;
-    size_t total = 0;
-    for (Batch& b : loader) {
-      for (int64_t v : values(b)) seen.insert(v), ++total;
-    }
-    EXPECT_EQ(total, 40u);
-    EXPECT_EQ(seen.size(), 40u);
-    EXPECT_EQ(loader.epoch(), 5u);
-  });
+      std::set<int64_t> seen;
+      size_t total = 0;
+      for (Batch& b : loader) {
+        for (int64_t v : values(b)) seen.insert(v), ++total;
+      }
+      EXPECT_EQ(total, n);
+      EXPECT_EQ(seen.size(), n);
+      EXPECT_EQ(loader.epoch(), 5u);
+      EXPECT_EQ(loader.stats().slot_states[static_cast<size_t>(SlotState::kFree)],
+                loader.options().slots)
+          << "every slot is back in the ring after a whole epoch";
+    });
+  }
 }
 
 TEST(Loader, DestroyingMidEpochReturnsPromptly) {
@@ -268,24 +287,31 @@ TEST(Loader, AFailureInOneChunkFailsOnlyItsBatchWhileOtherChunksLoad) {
   o.batch_size = 16;
   o.chunk_size = 1;
   o.workers = 8;
+  o.slots = 2;  // a slot lost on the failure path would stall the second epoch
   DataLoader loader(source, o);
-  std::vector<size_t> delivered;
-  size_t failures = 0;
-  for (int i = 0; i < 3; ++i) {
-    try {
-      auto b = loader.next();
-      ASSERT_TRUE(b.has_value());
-      delivered.push_back(b->sequence);
-      EXPECT_EQ(values(*b), std::vector<int64_t>(b->indices.begin(), b->indices.end()));
-    } catch (const SampleError& e) {
-      ++failures;
-      EXPECT_TRUE(e.index() == 21u || e.index() == 22u) << e.what();
-      EXPECT_NE(std::string(e.what()).find("batch 1"), std::string::npos) << e.what();
+  finishes_within(20s, "failing chunk", [&] {
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<size_t> delivered;
+      size_t failures = 0;
+      for (int i = 0; i < 3; ++i) {
+        try {
+          auto b = loader.next();
+          ASSERT_TRUE(b.has_value());
+          delivered.push_back(b->sequence);
+          EXPECT_EQ(values(*b), std::vector<int64_t>(b->indices.begin(), b->indices.end()));
+        } catch (const SampleError& e) {
+          ++failures;
+          // The first failing sample in batch order, whichever chunk failed first.
+          EXPECT_EQ(e.index(), 21u) << e.what();
+          EXPECT_NE(std::string(e.what()).find("batch 1"), std::string::npos) << e.what();
+        }
+      }
+      EXPECT_EQ(failures, 1u);
+      EXPECT_EQ(delivered, (std::vector<size_t>{0, 2}));
+      EXPECT_FALSE(loader.next().has_value());
+      loader.start_epoch();
     }
-  }
-  EXPECT_EQ(failures, 1u);
-  EXPECT_EQ(delivered, (std::vector<size_t>{0, 2}));
-  EXPECT_FALSE(loader.next().has_value());
+  });
 }
 
 TEST(Loader, WorkersShareEachBatch) {
@@ -306,27 +332,32 @@ TEST(Loader, WorkersShareEachBatch) {
 }
 
 TEST(Loader, SkipPolicyReplacesAndCountsFailedSamples) {
-  auto source = std::make_shared<IndexSource>(20);
-  source->fail_at = {3, 13};
-  LoaderOptions o;
-  o.batch_size = 4;
-  o.workers = 2;
-  o.on_error = ErrorPolicy::kSkip;
-  DataLoader loader(source, o);
-  std::multiset<int64_t> seen;
-  for (Batch& b : loader) {
-    EXPECT_EQ(b.size(), 4u) << "a skipped sample is replaced so the batch stays full";
-    for (int64_t v : values(b)) seen.insert(v);
+  for (size_t chunk : {0, 2}) {  // one chunk per batch; two chunks per batch
+    SCOPED_TRACE("chunk_size=" + std::to_string(chunk));
+    auto source = std::make_shared<IndexSource>(20);
+    source->fail_at = {3, 13};
+    LoaderOptions o;
+    o.batch_size = 4;
+    o.workers = 2;
+    o.on_error = ErrorPolicy::kSkip;
+    o.chunk_size = chunk;
+    DataLoader loader(source, o);
+    std::multiset<int64_t> seen;
+    for (Batch& b : loader) {
+      EXPECT_EQ(b.size(), 4u) << "a skipped sample is replaced so the batch stays full";
+      for (int64_t v : values(b)) seen.insert(v);
+      EXPECT_EQ(values(b), std::vector<int64_t>(b.indices.begin(), b.indices.end()));
+    }
+    EXPECT_EQ(seen.count(3), 0u);
+    EXPECT_EQ(seen.count(13), 0u);
+    EXPECT_EQ(seen.size(), 20u);
+    LoaderStats s = loader.stats();
+    EXPECT_EQ(s.skipped, 2u);
+    ASSERT_EQ(s.skipped_samples.size(), 2u);
+    std::set<std::string> paths;
+    for (const auto& k : s.skipped_samples) paths.insert(k.path);
+    EXPECT_EQ(paths, (std::set<std::string>{"/data/item_3.bin", "/data/item_13.bin"}));
   }
-  EXPECT_EQ(seen.count(3), 0u);
-  EXPECT_EQ(seen.count(13), 0u);
-  EXPECT_EQ(seen.size(), 20u);
-  LoaderStats s = loader.stats();
-  EXPECT_EQ(s.skipped, 2u);
-  ASSERT_EQ(s.skipped_samples.size(), 2u);
-  std::set<std::string> paths;
-  for (const auto& k : s.skipped_samples) paths.insert(k.path);
-  EXPECT_EQ(paths, (std::set<std::string>{"/data/item_3.bin", "/data/item_13.bin"}));
 }
 
 TEST(Loader, TimeoutTurnsAStuckWorkerIntoAnError) {
@@ -358,6 +389,7 @@ TEST(Loader, NoSlotIsReusedBeforeItsCopyFinished) {
   o.workers = 4;
   o.slots = 3;  // few slots and slow copies: workers keep waiting for slots
   o.prefetch_factor = 2;
+  o.chunk_size = 2;  // four workers share each batch
   DataLoader loader(std::make_shared<IndexSource>(400), o, nullptr, std::move(engine));
   size_t total = 0;
   for (int epoch = 0; epoch < 2; ++epoch) {

@@ -511,6 +511,52 @@ TEST(TorchDataDelivery, StatefulDatasetIsResetEachEpochAndSharedByWorkers) {
   }
 }
 
+// torch's ChunkDataset, as its users build it: a ChunkDataReader behind make_shared_dataset.
+// Chunk c holds the values 100 * c .. 100 * c + c (chunks of different lengths).
+class CountingChunks : public td::datasets::ChunkDataReader<int64_t> {
+ public:
+  using BatchType = ChunkType;  // what ChunkDataset hands out per batch
+  ChunkType read_chunk(size_t chunk_index) override {
+    ChunkType chunk;
+    for (size_t k = 0; k <= chunk_index; ++k)
+      chunk.push_back(static_cast<int64_t>(100 * chunk_index + k));
+    return chunk;
+  }
+  size_t chunk_count() override { return 5; }
+  void reset() override {}
+};
+
+TEST(TorchDataDelivery, ChunkDatasetDeliversEveryExampleEachEpochLikeTorch) {
+  using Chunks = td::datasets::ChunkDataset<CountingChunks, td::samplers::SequentialSampler,
+                                            td::samplers::SequentialSampler>;
+  auto make = [] {
+    return td::datasets::make_shared_dataset<Chunks>(
+        CountingChunks(), td::samplers::SequentialSampler(0), td::samplers::SequentialSampler(0),
+        td::datasets::ChunkDatasetOptions(/*preloader_count=*/2, /*batch_size=*/4));
+  };
+  std::vector<int64_t> expected;
+  for (int64_t c = 0; c < 5; ++c) {
+    for (int64_t k = 0; k <= c; ++k) expected.push_back(100 * c + k);
+  }
+  for (size_t workers : {0, 2}) {
+    SCOPED_TRACE("workers=" + std::to_string(workers));
+    auto theirs = td::make_data_loader(make(), td::DataLoaderOptions(4).workers(workers));
+    auto ours = make_data_loader(make(), DataLoaderOptions(4).workers(workers));
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<int64_t> mine, torchs;
+      for (auto& b : *ours) {
+        EXPECT_LE(b.size(), 4u);
+        mine.insert(mine.end(), b.begin(), b.end());
+      }
+      for (auto& b : *theirs) torchs.insert(torchs.end(), b.begin(), b.end());
+      std::sort(mine.begin(), mine.end());
+      std::sort(torchs.begin(), torchs.end());
+      EXPECT_EQ(mine, expected);
+      EXPECT_EQ(torchs, expected);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Exceptions and the timeout
 
