@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "bench_runs.h"
+#include "cache_dir.h"
 #include "conveyor/conveyor.h"
 
 namespace conveyor::bench {
@@ -45,13 +46,6 @@ namespace {
   --json FILE         also write the figures as JSON
 )";
   std::exit(error.empty() ? 0 : 2);
-}
-
-std::string default_cache() {
-  if (const char* c = std::getenv("CONVEYOR_CACHE")) return c;
-  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/conveyor";
-  if (const char* h = std::getenv("HOME")) return std::string(h) + "/.cache/conveyor";
-  return "/tmp/conveyor-cache";
 }
 
 BenchConfig parse(int argc, char** argv) {
@@ -115,8 +109,7 @@ BenchConfig parse(int argc, char** argv) {
     GeneratorOptions g;
     g.classes = 10;
     g.images_per_class = std::max<size_t>(1, (generate + 9) / 10);
-    c.data = default_cache() + "/datasets/photos-v1-" + std::to_string(g.classes) + "x" +
-             std::to_string(g.images_per_class);
+    c.data = default_dataset_dir(g.images_per_class);
     std::cerr << "conveyor-bench: dataset " << c.data << "\n";
     auto t0 = std::chrono::steady_clock::now();
     GeneratedDataset d = generate_image_folder(c.data, g);

@@ -21,19 +21,13 @@
 #include <string>
 #include <vector>
 
+#include "cache_dir.h"
 #include "conveyor/conveyor.h"
 
 namespace conveyor {
 namespace {
 
 constexpr size_t kFiles = 300;
-
-std::string cache_root() {
-  if (const char* c = std::getenv("CONVEYOR_CACHE")) return c;
-  if (const char* x = std::getenv("XDG_CACHE_HOME")) return std::string(x) + "/conveyor";
-  if (const char* h = std::getenv("HOME")) return std::string(h) + "/.cache/conveyor";
-  return "/tmp/conveyor-cache";
-}
 
 // The first kFiles files of the default dataset, spread over its classes, in memory; loaded
 // afresh for each benchmark run (from the page cache after the first).
@@ -42,7 +36,7 @@ class JpegFiles : public benchmark::Fixture {
   void SetUp(const benchmark::State&) override {
     GeneratorOptions g;
     g.images_per_class = 150;  // conveyor-bench's default dataset: 1,500 images
-    const std::string root = cache_root() + "/datasets/photos-v1-10x150";
+    const std::string root = bench::default_dataset_dir(g.images_per_class);
     generate_image_folder(root, g);  // reuses a complete dataset
     auto source = ImageSource::image_folder(root, ImageTransform::train(224));
     const auto& items = source->items();
