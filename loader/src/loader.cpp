@@ -157,8 +157,8 @@ struct DataLoader::SlotMeta {
   std::vector<size_t> indices;       // one per row; reserved to batch_size once: never reallocates
   std::atomic<size_t> remaining{0};  // chunks not finished
   std::atomic<bool> cancelled{false};
-  std::atomic<bool> failed{false};  // some row failed; the batch will not be delivered
-  // The lowest failing row; its error is the batch's, whichever chunk finished first.
+  // The lowest failing row (SIZE_MAX: none, the batch can be delivered); its error is the
+  // batch's, whichever chunk finished first.
   std::atomic<size_t> failed_row{SIZE_MAX};
   std::mutex error_mutex;  // taken only when a sample fails for good
   std::exception_ptr error;
@@ -311,7 +311,7 @@ void DataLoader::fill(size_t worker, uint32_t job) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
   if (meta.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
   // The batch's last chunk: hand the slot on.
-  if (!meta.failed.load() && !meta.cancelled.load()) shared_->ring.mark_ready(slot);
+  if (meta.failed_row.load() == SIZE_MAX && !meta.cancelled.load()) shared_->ring.mark_ready(slot);
   push_or_die(completed_, slot);
   completed_count_.release();
 }
@@ -327,7 +327,6 @@ std::string DataLoader::describe(size_t index) const {
 void DataLoader::record_failure(SlotMeta& meta, size_t row, size_t index,
                                 std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(meta.error_mutex);
-  meta.failed.store(true);
   if (row >= meta.failed_row.load()) return;  // a chunk failed at an earlier row: its error wins
   meta.failed_row.store(row);
   meta.error = error;
@@ -425,7 +424,6 @@ void DataLoader::dispatch(uint32_t slot) {
   const size_t rows = std::min(order_.size() - first, options_.batch_size);
   meta.indices.resize(rows);  // within the reserved capacity
   meta.cancelled.store(false);
-  meta.failed.store(false);
   meta.failed_row.store(SIZE_MAX);
   meta.error = nullptr;
   const size_t chunks = (rows + options_.chunk_size - 1) / options_.chunk_size;
