@@ -1,0 +1,267 @@
+// conveyor-jpeg-fuzz: libFuzzer over the JPEG decode entry points (issue 10).
+//
+// An input is a JPEG followed by kConfigBytes bytes that choose what to do with it: which entry
+// point (JpegDecoder::decode, decode_region, begin + finish_region, or ImageWriter::write, which
+// reads the header, applies the limits, decodes the crop and resizes it into a slot), the
+// DecodeOptions, a small DecodeLimits::max_pixels sometimes, the ImageTransform and the box.
+// Decoders and writers are kept per option set across inputs, as the loader keeps one per worker,
+// so that state carried from one decode to the next is exercised. JpegError and
+// std::runtime_error are expected outcomes; a crash, a sanitizer report, a leak, a timeout or an
+// out-of-memory is a finding.
+//
+// `conveyor-jpeg-fuzz --write-seeds DIR` writes the seed corpus (every kind of file that
+// encode_jpeg writes, at small sizes, each with a config tail) and exits.
+
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "conveyor/datasets.h"
+#include "conveyor/jpeg.h"
+#include "conveyor/random.h"
+
+namespace {
+
+using conveyor::DecodedImage;
+using conveyor::DecodeLimits;
+using conveyor::DecodeOptions;
+using conveyor::ImageTransform;
+using conveyor::ImageWriter;
+using conveyor::JpegDecoder;
+using conveyor::JpegHeader;
+
+constexpr size_t kConfigBytes = 24;
+constexpr size_t kMaxCached = 32;  // writers kept alive at once (each holds scratch buffers)
+
+void check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "conveyor-jpeg-fuzz: broken guarantee: %s\n", what);
+    std::abort();
+  }
+}
+
+// Reads every byte of a decoded image (so that ASan sees an out-of-bounds result) and checks
+// what jpeg.h promises about it.
+void touch(const DecodedImage& image, const DecodeOptions& options) {
+  check(image.pixels != nullptr, "pixels != nullptr");
+  check(image.width >= 1 && image.height >= 1, "a non-empty region");
+  check(image.channels == options.channels, "channels as asked");
+  check(image.stride >= static_cast<size_t>(image.width) * image.channels, "stride >= row");
+  check(image.scale >= 1 && image.scale <= 8, "scale in 1..8");
+  if (!options.any_scale) check((image.scale & (image.scale - 1)) == 0, "a SIMD scale");
+  unsigned sum = 0;
+  for (int r = 0; r < image.height; ++r) {
+    const uint8_t* row = image.pixels + static_cast<size_t>(r) * image.stride;
+    for (size_t i = 0; i < static_cast<size_t>(image.width) * image.channels; ++i) sum += row[i];
+  }
+  volatile unsigned sink = sum;
+  (void)sink;
+}
+
+uint64_t pick_limit(FuzzedDataProvider& cfg) {
+  const uint8_t v = cfg.ConsumeIntegral<uint8_t>();
+  if (v < 192) return DecodeLimits{}.max_pixels;
+  static constexpr uint64_t kSmall[] = {1, 64, 4096, 1u << 20};
+  return kSmall[v % 4];
+}
+
+JpegDecoder& decoder_for(const DecodeOptions& o, uint64_t max_pixels) {
+  static std::map<std::tuple<int, bool, bool, bool, uint64_t>, std::unique_ptr<JpegDecoder>> cache;
+  auto& slot = cache[{o.channels, o.fast_upsampling, o.any_scale, o.read_orientation, max_pixels}];
+  if (!slot) slot = std::make_unique<JpegDecoder>(DecodeLimits{max_pixels}, o);
+  return *slot;
+}
+
+ImageWriter& writer_for(const ImageTransform& t) {
+  using Key = std::tuple<int, int, int, bool, int, double, uint64_t>;
+  static std::map<Key, std::unique_ptr<ImageWriter>> cache;
+  static std::deque<Key> order;  // oldest first
+  Key key{static_cast<int>(t.mode),
+          t.size,
+          t.resize,
+          t.exif_orientation,
+          static_cast<int>(t.layout),
+          t.flip_probability,
+          t.limits.max_pixels};
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  if (cache.size() >= kMaxCached) {
+    cache.erase(order.front());
+    order.pop_front();
+  }
+  order.push_back(key);
+  return *(cache[key] = std::make_unique<ImageWriter>(t));
+}
+
+void run_decoder(FuzzedDataProvider& cfg, int entry, const uint8_t* jpeg, size_t size) {
+  DecodeOptions o;
+  o.channels = cfg.ConsumeBool() ? 4 : 3;
+  o.fast_upsampling = cfg.ConsumeBool();
+  o.any_scale = cfg.ConsumeBool();
+  o.read_orientation = cfg.ConsumeBool();
+  const uint64_t max_pixels = pick_limit(cfg);
+  JpegDecoder& decoder = decoder_for(o, max_pixels);
+  // The box, as fractions of the image (1/65535) or, rarely, raw and possibly outside it.
+  const bool raw = cfg.ConsumeIntegral<uint8_t>() < 16;
+  const uint16_t bx = cfg.ConsumeIntegral<uint16_t>(), by = cfg.ConsumeIntegral<uint16_t>();
+  const uint16_t bw = cfg.ConsumeIntegral<uint16_t>(), bh = cfg.ConsumeIntegral<uint16_t>();
+  const int min_w = cfg.ConsumeIntegralInRange<int>(-1, 600);
+  const int min_h = cfg.ConsumeIntegralInRange<int>(-1, 600);
+  auto box = [&](const JpegHeader& h, int& x, int& y, int& w, int& bh_out) {
+    if (raw) {
+      x = static_cast<int16_t>(bx);
+      y = static_cast<int16_t>(by);
+      w = static_cast<int16_t>(bw);
+      bh_out = static_cast<int16_t>(bh);
+      return;
+    }
+    x = static_cast<int>(static_cast<uint64_t>(bx) * h.width / 65536);
+    y = static_cast<int>(static_cast<uint64_t>(by) * h.height / 65536);
+    w = 1 + static_cast<int>(static_cast<uint64_t>(bw) * (h.width - x) / 65536);
+    bh_out = 1 + static_cast<int>(static_cast<uint64_t>(bh) * (h.height - y) / 65536);
+  };
+  int x = 0, y = 0, w = 0, h = 0;
+  switch (entry) {
+    case 1:
+      touch(decoder.decode(jpeg, size), o);
+      break;
+    case 2: {
+      // The header from one call, the region from another: read_header leaves no state behind.
+      const JpegHeader header = decoder.read_header(jpeg, size);
+      check(header.orientation >= 1 && header.orientation <= 8, "orientation in 1..8");
+      box(header, x, y, w, h);
+      touch(decoder.decode_region(jpeg, size, x, y, w, h, min_w, min_h), o);
+      break;
+    }
+    default: {
+      const JpegHeader header = decoder.begin(jpeg, size);
+      check(header.width >= 1 && header.height >= 1, "a non-empty header");
+      check(static_cast<uint64_t>(header.width) * header.height <= max_pixels, "the pixel limit");
+      box(header, x, y, w, h);
+      touch(decoder.finish_region(x, y, w, h, min_w, min_h), o);
+      break;
+    }
+  }
+}
+
+void run_writer(FuzzedDataProvider& cfg, const uint8_t* jpeg, size_t size) {
+  ImageTransform t;
+  t.mode = static_cast<ImageTransform::Mode>(cfg.ConsumeIntegralInRange<int>(0, 2));
+  t.size = cfg.ConsumeIntegralInRange<int>(1, 300);
+  t.resize = t.size + cfg.ConsumeIntegralInRange<int>(0, 64);
+  t.exif_orientation = cfg.ConsumeBool();
+  t.layout = cfg.ConsumeBool() ? conveyor::ImageLayout::kHWC : conveyor::ImageLayout::kCHW;
+  static constexpr double kFlip[] = {0.0, 0.5, 1.0};
+  t.flip_probability = kFlip[cfg.ConsumeIntegralInRange<int>(0, 2)];
+  t.limits.max_pixels = pick_limit(cfg);
+  ImageWriter& writer = writer_for(t);
+  // The box: choose_crop's draw for (seed, epoch, index).
+  conveyor::SampleContext ctx;
+  ctx.seed = cfg.ConsumeIntegral<uint32_t>();
+  ctx.epoch = cfg.ConsumeIntegral<uint8_t>();
+  ctx.index = cfg.ConsumeIntegral<uint16_t>();
+  std::vector<std::byte> out(static_cast<size_t>(t.size) * t.size * 3);  // exact: ASan guards it
+  writer.write(jpeg, size, ctx, out.data());
+  const int scale = writer.last_scale();
+  check(scale >= 1 && scale <= 8, "last_scale in 1..8");
+}
+
+// The seed corpus: small files of every kind encode_jpeg writes.
+int write_seeds(const char* dir) {
+  using Color = conveyor::EncodeOptions::Color;
+  struct Seed {
+    int w, h;
+    conveyor::EncodeOptions o;
+  };
+  std::vector<Seed> seeds;
+  auto add = [&](int w, int h, auto&& set) {
+    conveyor::EncodeOptions o;
+    set(o);
+    seeds.push_back({w, h, o});
+  };
+  const int samp[][2] = {{1, 1}, {2, 1}, {2, 2}, {1, 2}, {4, 1}};
+  for (auto& s : samp) {
+    add(37, 29, [&](auto& o) { o.h_samp = s[0], o.v_samp = s[1]; });
+    add(64, 48, [&](auto& o) { o.h_samp = s[0], o.v_samp = s[1], o.progressive = true; });
+    add(33, 17, [&](auto& o) { o.h_samp = s[0], o.v_samp = s[1], o.arithmetic = true; });
+  }
+  add(48, 40, [](auto& o) { o.color = Color::kGray; });
+  add(23, 61, [](auto& o) { o.color = Color::kGray, o.progressive = true; });
+  add(40, 40, [](auto& o) { o.color = Color::kRgb; });
+  add(40, 24, [](auto& o) { o.color = Color::kCmyk; });
+  add(24, 40, [](auto& o) { o.color = Color::kCmyk, o.adobe_marker = false; });
+  add(32, 32, [](auto& o) { o.color = Color::kYcck; });
+  add(31, 45, [](auto& o) { o.color = Color::kYcck, o.progressive = true; });
+  add(70, 50, [](auto& o) { o.restart_interval = 1; });
+  add(70, 50, [](auto& o) { o.restart_interval = 3, o.progressive = true; });
+  add(1, 1, [](auto&) {});
+  add(200, 3, [](auto& o) { o.progressive = true; });
+  add(3, 150, [](auto&) {});
+  for (int orientation = 1; orientation <= 8; ++orientation) {
+    add(30 + orientation, 20, [&](auto& o) {
+      o.orientation = orientation;
+      o.exif_big_endian = orientation % 2 == 0;
+    });
+  }
+  uint64_t state = 12345;
+  int n = 0;
+  for (const Seed& s : seeds) {
+    std::vector<uint8_t> rgb(static_cast<size_t>(s.w) * s.h * 3);
+    for (size_t i = 0; i < rgb.size(); ++i) {
+      rgb[i] = static_cast<uint8_t>((i * 7 + (i / 3 / s.w) * 13) ^ (conveyor::splitmix64(i) & 31));
+    }
+    std::vector<uint8_t> file = conveyor::encode_jpeg(rgb.data(), s.w, s.h, s.o);
+    for (size_t i = 0; i < kConfigBytes; ++i) {
+      state = conveyor::splitmix64(state);
+      file.push_back(static_cast<uint8_t>(state));
+    }
+    const std::string path = std::string(dir) + "/seed-" + std::to_string(n++) + ".jpg";
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr || std::fwrite(file.data(), 1, file.size(), f) != file.size() ||
+        std::fclose(f) != 0) {
+      std::perror(path.c_str());
+      return 1;
+    }
+  }
+  std::printf("conveyor-jpeg-fuzz: wrote %d seeds to %s\n", n, dir);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  if (*argc >= 3 && std::strcmp((*argv)[1], "--write-seeds") == 0) {
+    std::exit(write_seeds((*argv)[2]));
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < kConfigBytes) return 0;
+  const size_t jpeg_size = size - kConfigBytes;
+  FuzzedDataProvider cfg(data + jpeg_size, kConfigBytes);
+  // The JPEG in a buffer of its own size, so that ASan sees a read past its end.
+  const std::vector<uint8_t> jpeg(data, data + jpeg_size);
+  const int entry = cfg.ConsumeIntegralInRange<int>(0, 3);
+  try {
+    if (entry == 0) {
+      run_writer(cfg, jpeg.data(), jpeg.size());
+    } else {
+      run_decoder(cfg, entry, jpeg.data(), jpeg.size());
+    }
+  } catch (const conveyor::JpegError&) {
+  } catch (const std::runtime_error&) {
+  }
+  return 0;
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The libFuzzer JPEG target for a bounded time (issue 10): configures a separate clang build
+# (-DCONVEYOR_FUZZ=ON: ASan + UBSan, nothing else built), builds conveyor-jpeg-fuzz, writes its
+# seed corpus and fuzzes for $FUZZ_SECONDS (default 60). Fails on any finding (crash, sanitizer
+# report, leak, timeout, out-of-memory) and prints the reproducer's path.
+# Usage: fuzz_test.sh SOURCE_DIR FUZZ_BUILD_DIR
+set -euo pipefail
+src=$(cd "$1" && pwd)
+build=$2
+seconds=${FUZZ_SECONDS:-60}
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
+
+cd "$src"
+BUILD_DIR="$build" scripts/configure -DCONVEYOR_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
+  -DCMAKE_C_COMPILER=clang
+cmake --build "$build" --target conveyor-jpeg-fuzz -j "$(nproc)" >"$build/fuzz-build.log" 2>&1 ||
+  { cat "$build/fuzz-build.log"; exit 1; }
+fuzzer="$build/tests/fuzz/conveyor-jpeg-fuzz"
+
+# A fresh corpus every run: the seeds only, so that the run is repeatable.
+run="$build/ctest-run"
+rm -rf "$run"
+mkdir -p "$run/corpus" "$run/artifacts"
+"$fuzzer" --write-seeds "$run/corpus"
+
+status=0
+"$fuzzer" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  -artifact_prefix="$run/artifacts/" "$run/corpus" >"$run/fuzz.log" 2>&1 || status=$?
+grep -E '^(#[0-9]+ +DONE|stat::number_of_executed_units|stat::peak_rss_mb)' "$run/fuzz.log" || true
+found=$(find "$run/artifacts" -type f)
+if [ "$status" -ne 0 ] || [ -n "$found" ]; then
+  tail -n 80 "$run/fuzz.log"
+  echo "fuzz: FINDING (exit status $status); reproducer(s):"
+  for f in $found; do echo "  $f   (replay: $fuzzer $f)"; done
+  exit 1
+fi
+echo "fuzz: ${seconds}s, no finding ($(ls "$run/corpus" | wc -l) corpus files)"
