@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <csetjmp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 // jpeglib.h needs size_t and FILE declared first.
@@ -112,8 +113,23 @@ struct JpegDecoder::State {
   State(const State&) = delete;
   State& operator=(const State&) = delete;
 
+  // Ends the current image: frees its memory and readies the decompressor for the next header.
+  //
+  // jpeg_abort_decompress frees every module of the image but leaves cinfo.cconvert and
+  // cinfo.cquantize pointing at the freed memory. libjpeg-turbo before 3.1.2 (upstream commit
+  // f158143e; Debian 12 ships 2.1.5) reads and writes through cinfo.cconvert in
+  // jpeg_skip_scanlines whenever the next image uses merged upsampling (4:2:0 or 4:2:2 at 8/8
+  // with fast upsampling), where no color converter is allocated. After a decode without merged
+  // upsampling (4:4:4, gray, CMYK, any DCT scale below 8/8) that write landed in memory that
+  // another module of the same decoder, or another thread, had since been given: the cause of
+  // the intermittent "Bogus virtual array access" and "premature end of data segment" failures
+  // on valid files (issue 10). Clearing both pointers here makes every libjpeg-turbo version
+  // behave as the fixed one does; both are allocated afresh by jpeg_start_decompress when the
+  // next image needs them.
   void abort() {
     jpeg_abort_decompress(&cinfo);
+    cinfo.cconvert = nullptr;
+    cinfo.cquantize = nullptr;
     started = false;
   }
 
@@ -163,9 +179,11 @@ struct JpegDecoder::State {
   }
 
   // Where the rows of the last decode went; members rather than locals so that nothing in the
-  // setjmp frame below changes after setjmp.
+  // setjmp frame below changes after setjmp. [sx0, sx1) x [sy0, sy1) is the region asked for, in
+  // scaled pixels; rows [dy0, dy1) of columns [crop_x, crop_x + crop_w) were decoded around it.
   struct Geometry {
     int sx0 = 0, sy0 = 0, sx1 = 0, sy1 = 0;
+    int dy0 = 0, dy1 = 0;
     JDIMENSION crop_x = 0, crop_w = 0;
   } geometry;
 
@@ -187,27 +205,43 @@ struct JpegDecoder::State {
     g.sy1 = std::min(out_h, ceil_div(static_cast<long long>(y + height) * scale, 8));
     g.sx0 = std::min(static_cast<int>(static_cast<long long>(x) * scale / 8), g.sx1 - 1);
     g.sy0 = std::min(static_cast<int>(static_cast<long long>(y) * scale / 8), g.sy1 - 1);
-    g.crop_x = static_cast<JDIMENSION>(g.sx0);
-    g.crop_w = static_cast<JDIMENSION>(g.sx1 - g.sx0);
+    // Fancy upsampling filters each chroma sample with its neighbours, which a crop or a skip
+    // cuts off: the region's edge pixels would come out as if the image ended there. Decoding one
+    // iMCU more on every side (clamped to the image) gives the filter its true neighbours, so
+    // the region is exactly that of a full decode.
+    int margin_x = 0, margin_y = 0;
+    if (cinfo.do_fancy_upsampling) {
+      for (int ci = 0; ci < cinfo.num_components; ++ci) {
+        if (cinfo.comp_info[ci].h_samp_factor != cinfo.max_h_samp_factor) {
+          margin_x = cinfo.min_DCT_scaled_size * cinfo.max_h_samp_factor;
+        }
+        if (cinfo.comp_info[ci].v_samp_factor != cinfo.max_v_samp_factor) {
+          margin_y = cinfo.min_DCT_scaled_size * cinfo.max_v_samp_factor;
+        }
+      }
+    }
+    const int dx0 = std::max(0, g.sx0 - margin_x), dx1 = std::min(out_w, g.sx1 + margin_x);
+    g.dy0 = std::max(0, g.sy0 - margin_y);
+    g.dy1 = std::min(out_h, g.sy1 + margin_y);
+    g.crop_x = static_cast<JDIMENSION>(dx0);
+    g.crop_w = static_cast<JDIMENSION>(dx1 - dx0);
     if (g.crop_w < cinfo.output_width) jpeg_crop_scanline(&cinfo, &g.crop_x, &g.crop_w);
     const size_t row_bytes =
         static_cast<size_t>(g.crop_w) * static_cast<size_t>(cinfo.output_components);
-    const size_t need = row_bytes * static_cast<size_t>(g.sy1 - g.sy0);
-    if (buffer.size() < need) buffer.resize(need);
-    const size_t count = static_cast<size_t>(g.sy1 - g.sy0);
+    const size_t count = static_cast<size_t>(g.dy1 - g.dy0);
+    if (buffer.size() < row_bytes * count) buffer.resize(row_bytes * count);
     if (rows.size() < count) rows.resize(count);
     for (size_t i = 0; i < count; ++i) rows[i] = buffer.data() + i * row_bytes;
-    if (g.sy0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(g.sy0));
+    if (g.dy0 > 0) jpeg_skip_scanlines(&cinfo, static_cast<JDIMENSION>(g.dy0));
     // Asking for every remaining row at once lets libjpeg write whole row groups in place (one
     // row at a time, the merged upsampler copies every second row through a spare row).
-    while (cinfo.output_scanline < static_cast<JDIMENSION>(g.sy1)) {
-      const JDIMENSION done = cinfo.output_scanline - static_cast<JDIMENSION>(g.sy0);
+    while (cinfo.output_scanline < static_cast<JDIMENSION>(g.dy1)) {
+      const JDIMENSION done = cinfo.output_scanline - static_cast<JDIMENSION>(g.dy0);
       jpeg_read_scanlines(&cinfo, rows.data() + done,
-                          static_cast<JDIMENSION>(g.sy1) - cinfo.output_scanline);
+                          static_cast<JDIMENSION>(g.dy1) - cinfo.output_scanline);
     }
     // Rows below the region are never decoded.
-    jpeg_abort_decompress(&cinfo);
-    started = false;
+    abort();
   }
 
   DecodedImage finish(int x, int y, int width, int height, int min_width, int min_height) {
@@ -232,7 +266,7 @@ struct JpegDecoder::State {
     const bool adobe_inverted = cinfo.saw_Adobe_marker != 0;
     read_rows(scale, x, y, width, height, cmyk);
     const JDIMENSION crop_w = geometry.crop_w;
-    const int rows = geometry.sy1 - geometry.sy0;
+    const int rows = geometry.dy1 - geometry.dy0;
     const int sx0 = geometry.sx0, sx1 = geometry.sx1;
     const JDIMENSION crop_x = geometry.crop_x;
 
@@ -258,9 +292,10 @@ struct JpegDecoder::State {
     DecodedImage image;
     image.channels = options.channels;
     image.stride = static_cast<size_t>(crop_w) * channels;
-    image.pixels = buffer.data() + static_cast<size_t>(sx0 - static_cast<int>(crop_x)) * channels;
+    image.pixels = buffer.data() + static_cast<size_t>(geometry.sy0 - geometry.dy0) * image.stride +
+                   static_cast<size_t>(sx0 - static_cast<int>(crop_x)) * channels;
     image.width = sx1 - sx0;
-    image.height = rows;
+    image.height = geometry.sy1 - geometry.sy0;
     image.scale = scale;
     return image;
   }
@@ -312,6 +347,138 @@ std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height, int 
   tjFree(out);
   tjDestroy(handle);
   if (rc != 0) throw JpegError("JPEG encode failed: " + message);
+  return result;
+}
+
+void rgb_to_cmyk(const uint8_t* rgb, uint8_t* cmyk, bool adobe) {
+  // Inverted values (255 = no ink) as the decoder reads Adobe files: R = C * K / 255.
+  const unsigned k = std::max({rgb[0], rgb[1], rgb[2]});
+  for (int i = 0; i < 3; ++i) {
+    cmyk[i] = k == 0 ? 0 : static_cast<uint8_t>((rgb[i] * 255u + k / 2) / k);
+  }
+  cmyk[3] = static_cast<uint8_t>(k);
+  if (!adobe) {
+    for (int i = 0; i < 4; ++i) cmyk[i] = static_cast<uint8_t>(255 - cmyk[i]);
+  }
+}
+
+namespace {
+
+// An APP1 payload holding only the EXIF orientation tag in IFD0.
+std::vector<uint8_t> exif_orientation_payload(int orientation, bool big_endian) {
+  std::vector<uint8_t> p = {'E', 'x', 'i', 'f', 0, 0};
+  auto u16 = [&](unsigned v) {
+    const uint8_t hi = static_cast<uint8_t>(v >> 8), lo = static_cast<uint8_t>(v);
+    p.push_back(big_endian ? hi : lo);
+    p.push_back(big_endian ? lo : hi);
+  };
+  auto u32 = [&](unsigned v) {
+    u16(big_endian ? v >> 16 : v & 0xFFFF);
+    u16(big_endian ? v & 0xFFFF : v >> 16);
+  };
+  p.push_back(big_endian ? 'M' : 'I');
+  p.push_back(big_endian ? 'M' : 'I');
+  u16(42);
+  u32(8);       // IFD0 right after the header
+  u16(1);       // one entry
+  u16(0x0112);  // Orientation
+  u16(3);       // SHORT
+  u32(1);       // one value, stored in the first two bytes of the value field
+  u16(static_cast<unsigned>(orientation));
+  u16(0);
+  u32(0);  // no next IFD
+  return p;
+}
+
+// The libjpeg calls of encode_jpeg, under setjmp: nothing with a destructor lives in this frame.
+// Returns false (with err.message set) when libjpeg reports an error.
+bool compress(jpeg_compress_struct& cinfo, ErrorManager& err, const uint8_t* pixels, int components,
+              int width, int height, const EncodeOptions& o, const std::vector<uint8_t>& exif,
+              unsigned char** out, unsigned long* out_size) {
+  if (setjmp(err.jump)) return false;
+  jpeg_create_compress(&cinfo);
+  jpeg_mem_dest(&cinfo, out, out_size);
+  cinfo.image_width = static_cast<JDIMENSION>(width);
+  cinfo.image_height = static_cast<JDIMENSION>(height);
+  cinfo.input_components = components;
+  cinfo.in_color_space = components == 4 ? JCS_CMYK : JCS_RGB;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, o.quality, TRUE);
+  using Color = EncodeOptions::Color;
+  switch (o.color) {
+    case Color::kYCbCr:
+      jpeg_set_colorspace(&cinfo, JCS_YCbCr);
+      break;
+    case Color::kGray:
+      jpeg_set_colorspace(&cinfo, JCS_GRAYSCALE);
+      break;
+    case Color::kRgb:
+      jpeg_set_colorspace(&cinfo, JCS_RGB);
+      break;
+    case Color::kCmyk:
+      jpeg_set_colorspace(&cinfo, JCS_CMYK);
+      cinfo.write_Adobe_marker = o.adobe_marker ? TRUE : FALSE;
+      break;
+    case Color::kYcck:
+      jpeg_set_colorspace(&cinfo, JCS_YCCK);
+      break;
+  }
+  if (o.color == Color::kYCbCr || o.color == Color::kYcck) {
+    for (int ci = 0; ci < cinfo.num_components; ++ci) {
+      const bool full = ci == 0 || ci == 3;  // Y and K carry the full resolution
+      cinfo.comp_info[ci].h_samp_factor = full ? o.h_samp : 1;
+      cinfo.comp_info[ci].v_samp_factor = full ? o.v_samp : 1;
+    }
+  }
+  if (o.progressive) jpeg_simple_progression(&cinfo);
+  cinfo.arith_code = o.arithmetic ? TRUE : FALSE;
+  cinfo.restart_interval = static_cast<unsigned>(o.restart_interval);
+  jpeg_start_compress(&cinfo, TRUE);
+  if (!exif.empty()) {
+    jpeg_write_marker(&cinfo, JPEG_APP0 + 1, exif.data(), static_cast<unsigned>(exif.size()));
+  }
+  const size_t row_bytes = static_cast<size_t>(width) * static_cast<size_t>(components);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(pixels) + cinfo.next_scanline * row_bytes;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  return true;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height,
+                                 const EncodeOptions& options) {
+  if (width <= 0 || height <= 0) throw std::invalid_argument("encode_jpeg: empty image");
+  using Color = EncodeOptions::Color;
+  const bool cmyk = options.color == Color::kCmyk || options.color == Color::kYcck;
+  std::vector<uint8_t> converted;
+  const uint8_t* pixels = rgb;
+  if (cmyk) {
+    const size_t n = static_cast<size_t>(width) * static_cast<size_t>(height);
+    converted.resize(n * 4);
+    const bool adobe = options.adobe_marker || options.color == Color::kYcck;
+    for (size_t i = 0; i < n; ++i) rgb_to_cmyk(rgb + 3 * i, converted.data() + 4 * i, adobe);
+    pixels = converted.data();
+  }
+  std::vector<uint8_t> exif;
+  if (options.orientation != 0) {
+    exif = exif_orientation_payload(options.orientation, options.exif_big_endian);
+  }
+  jpeg_compress_struct cinfo{};
+  ErrorManager err{};
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = on_error;
+  unsigned char* out = nullptr;
+  unsigned long out_size = 0;
+  const bool ok =
+      compress(cinfo, err, pixels, cmyk ? 4 : 3, width, height, options, exif, &out, &out_size);
+  std::vector<uint8_t> result;
+  if (ok) result.assign(out, out + out_size);
+  jpeg_destroy_compress(&cinfo);
+  std::free(out);
+  if (!ok) throw JpegError(std::string("JPEG encode failed: ") + err.message);
   return result;
 }
 

@@ -112,4 +112,36 @@ class JpegDecoder {
 // Encodes interleaved RGB pixels as a baseline JPEG (4:2:0), for generating test data.
 std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height, int quality = 90);
 
+// How encode_jpeg(rgb, width, height, EncodeOptions) writes a JPEG: every kind of file a decoder
+// meets in real datasets, for test corpora, fuzz seeds and benchmarks.
+struct EncodeOptions {
+  enum class Color {
+    kYCbCr,  // the usual photo
+    kGray,   // one component (the RGB input's luma)
+    kRgb,    // three components stored as RGB (no color transform)
+    kCmyk,   // four components, the RGB input converted to CMYK
+    kYcck,   // CMYK stored with the YCC transform (Photoshop's default for CMYK)
+  };
+  Color color = Color::kYCbCr;
+  // Luma sampling factors against chroma (YCbCr and YCCK): 1x1 is 4:4:4, 2x1 4:2:2, 2x2 4:2:0,
+  // 1x2 4:4:0, 4x1 4:1:1.
+  int h_samp = 2;
+  int v_samp = 2;
+  int quality = 90;
+  bool progressive = false;
+  bool arithmetic = false;   // arithmetic entropy coding instead of Huffman
+  int restart_interval = 0;  // MCUs between restart markers; 0: none
+  int orientation = 0;       // 1..8: an EXIF APP1 with that orientation tag; 0: no EXIF
+  bool exif_big_endian = false;
+  // CMYK and YCCK: write the Adobe APP14 marker, whose files store inverted CMYK (0 = full ink),
+  // as Photoshop does. Without it the CMYK values are stored as they are (0 = no ink).
+  bool adobe_marker = true;
+};
+// Throws JpegError when libjpeg-turbo refuses the options (e.g. sampling factors above 4).
+std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height,
+                                 const EncodeOptions& options);
+// The CMYK values (inverted as Adobe files store them when `adobe`) that encode_jpeg stores for
+// one RGB pixel; the decoder turns them back into that RGB up to rounding.
+void rgb_to_cmyk(const uint8_t* rgb, uint8_t* cmyk, bool adobe);
+
 }  // namespace conveyor
