@@ -616,6 +616,24 @@ TEST(TorchDataErrors, WorkerExceptionsKeepTheOriginalLikeTorch) {
   }
 }
 
+// The whole message, word for word: torch's text, then Conveyor's context with its "conveyor: "
+// prefix once (it used to read "(conveyor: conveyor: sample 5 ...").
+TEST(TorchDataErrors, WorkerErrorMessageIsExact) {
+  auto probe = std::make_shared<Probe>();
+  probe->fail_at = {5};
+  auto ours = make_data_loader<td::samplers::SequentialSampler>(stacked(12, probe),
+                                                                DataLoaderOptions(2).workers(2));
+  try {
+    for (auto& b : *ours) (void)b;
+    ADD_FAILURE() << "no exception";
+  } catch (const WorkerError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "Caught exception in DataLoader worker thread. Original message: bad sample 5 "
+              "(conveyor: sample 5 (index 5 of the torch dataset) failed in batch 2 of epoch 0: "
+              "bad sample 5)");
+  }
+}
+
 TEST(TorchDataErrors, FailingFirstSampleIsReportedOnIterationNotConstruction) {
   auto probe = std::make_shared<Probe>();
   probe->fail_at = {0};

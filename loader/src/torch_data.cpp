@@ -11,7 +11,10 @@ namespace conveyor {
 WorkerError::WorkerError(std::exception_ptr original, size_t index, std::string sample,
                          const std::string& context)
     : torch::data::WorkerException(std::move(original)), index_(index), sample_(std::move(sample)) {
-  message += " (conveyor: " + context + ")";
+  // The context may be a SampleError's message, which starts with "conveyor: " already.
+  const std::string prefix = "conveyor: ";
+  const bool prefixed = context.compare(0, prefix.size(), prefix) == 0;
+  message += " (" + prefix + context.substr(prefixed ? prefix.size() : 0) + ")";
 }
 
 namespace detail {
