@@ -28,7 +28,9 @@ cv::Scalar random_color(SampleRng& rng) {
 
 }  // namespace
 
-std::vector<uint8_t> make_photo_jpeg(int width, int height, uint64_t seed, int quality) {
+namespace {
+
+cv::Mat make_photo(int width, int height, uint64_t seed) {
   SampleRng rng(seed, 0x9407, 0);
   cv::Mat img(height, width, CV_8UC3);
   // Sky-to-ground gradient.
@@ -84,6 +86,47 @@ std::vector<uint8_t> make_photo_jpeg(int width, int height, uint64_t seed, int q
   img.convertTo(f, CV_32FC3);
   f += texture + noise;
   f.convertTo(img, CV_8UC3);  // saturating
+  return img;
+}
+
+// GeneratorOptions::mixed: how file `index` is encoded.
+EncodeOptions mixed_encoding(size_t index, int quality) {
+  using Color = EncodeOptions::Color;
+  EncodeOptions o;
+  o.quality = quality;
+  switch (index % 25) {
+    case 3:
+      o.color = Color::kGray;
+      break;
+    case 7:
+      o.color = Color::kCmyk;
+      o.adobe_marker = true;
+      break;
+    case 11:
+      o.color = Color::kCmyk;
+      o.adobe_marker = false;
+      break;
+    case 15:
+      o.color = Color::kYcck;
+      break;
+    case 5:
+    case 19:
+      o.progressive = true;
+      break;
+    case 22:
+      o.h_samp = 1;
+      o.v_samp = 1;
+      break;
+    default:
+      break;
+  }
+  return o;
+}
+
+}  // namespace
+
+std::vector<uint8_t> make_photo_jpeg(int width, int height, uint64_t seed, int quality) {
+  cv::Mat img = make_photo(width, height, seed);
   return encode_jpeg(img.ptr<uint8_t>(), width, height, quality);
 }
 
@@ -93,7 +136,8 @@ GeneratedDataset generate_image_folder(const std::filesystem::path& root,
   std::ostringstream stamp_text;
   stamp_text << "conveyor photo-like dataset v" << kGeneratorVersion
              << " classes=" << options.classes << " per_class=" << options.images_per_class
-             << " quality=" << options.quality << " seed=" << options.seed << "\n";
+             << " quality=" << options.quality << " seed=" << options.seed
+             << (options.mixed ? " mixed=v1" : "") << "\n";
   const fs::path stamp = root / ".conveyor-dataset";
   GeneratedDataset result;
   result.root = root;
@@ -134,8 +178,14 @@ GeneratedDataset generate_image_folder(const std::filesystem::path& root,
         } else if (kind > 0.6) {
           std::swap(w, h);  // portrait
         }
-        std::vector<uint8_t> jpeg =
-            make_photo_jpeg(w, h, splitmix64(options.seed) ^ i, options.quality);
+        const uint64_t seed = splitmix64(options.seed) ^ i;
+        std::vector<uint8_t> jpeg;
+        if (options.mixed) {
+          cv::Mat img = make_photo(w, h, seed);
+          jpeg = encode_jpeg(img.ptr<uint8_t>(), w, h, mixed_encoding(i, options.quality));
+        } else {
+          jpeg = make_photo_jpeg(w, h, seed, options.quality);
+        }
         char name[64];
         std::snprintf(name, sizeof name, "class_%03zu/img_%06zu.jpg", c, i);
         std::ofstream out(root / name, std::ios::binary | std::ios::trunc);

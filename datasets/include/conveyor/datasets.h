@@ -176,6 +176,11 @@ struct GeneratorOptions {
   int quality = 90;
   uint64_t seed = 1;
   size_t threads = 0;  // 0: all cores
+  // ImageNet-like mix of JPEG kinds instead of only baseline 4:2:0 YCbCr: of every 25 files
+  // (by index, so any 25 consecutive ones hold each kind) one is gray, one CMYK with the Adobe
+  // marker (inverted), one plain CMYK, one YCCK, two progressive 4:2:0 and one baseline 4:4:4.
+  // The pixels are the same photos; the stamp differs, so use another root than the default's.
+  bool mixed = false;
 };
 struct GeneratedDataset {
   std::filesystem::path root;
