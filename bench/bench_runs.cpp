@@ -4,6 +4,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
 #include <thread>
 
 #include <turbojpeg.h>
@@ -106,57 +109,135 @@ RunResult run_conveyor(const BenchConfig& config) {
 namespace {
 
 // The decode ceiling: plain full-size libjpeg-turbo decodes of the same files on the same number
-// of threads, with no loader, no crop, no resize.
+// of threads, with no loader, no crop, no resize. A file that fails applies --on-error: under
+// raise the run stops and throws naming the file; under skip the next file is decoded instead,
+// and both are counted.
 RunResult run_ceiling(const BenchConfig& config) {
   auto source = ImageSource::image_folder(config.data, ImageTransform::train(config.crop));
   const auto& items = source->items();
   const uint64_t total = items.size() * config.epochs;
-  std::atomic<uint64_t> next{0}, done{0}, errors{0};
+  std::atomic<uint64_t> next{0}, done{0}, errors{0}, skipped{0};
+  std::atomic<bool> failed{false};
+  std::mutex failure_mutex;
+  std::string failure;
   Progress progress("ceiling", total, config.progress);
   const double t0 = now_seconds();
   {
     std::vector<std::jthread> threads;
     for (size_t w = 0; w < config.workers; ++w) {
       threads.emplace_back([&] {
-        tjhandle handle = tjInitDecompress();
+        UserJpegDecoder decoder;
         std::vector<uint8_t> file, pixels;
-        for (uint64_t i = next++; i < total; i = next++) {
-          try {
-            read_file(items[i % items.size()].path, file);
-            int width = 0, height = 0, sub = 0, cs = 0;
-            if (tjDecompressHeader3(handle, file.data(), file.size(), &width, &height, &sub, &cs) !=
-                0) {
-              throw std::runtime_error(tjGetErrorStr2(handle));
+        for (uint64_t i = next++; i < total && !failed; i = next++) {
+          for (size_t attempt = 0;; ++attempt) {
+            const ImageItem& item = items[(i + attempt) % items.size()];
+            try {
+              read_file(item.path, file);
+              int width = 0, height = 0;
+              decoder.decode(file, pixels, width, height);
+              break;
+            } catch (const std::exception& e) {
+              errors++;
+              const bool give_up = !config.skip || attempt + 1 > kMaxSubstitutes;
+              if (!give_up) {
+                skipped++;
+                continue;
+              }
+              std::lock_guard<std::mutex> lock(failure_mutex);
+              if (!failed.exchange(true)) failure = reference_error("ceiling", item.path, e.what());
+              break;
             }
-            pixels.resize(static_cast<size_t>(width) * height * 3);
-            if (tjDecompress2(handle, file.data(), file.size(), pixels.data(), width, 0, height,
-                              TJPF_RGB, 0) != 0) {
-              throw std::runtime_error(tjGetErrorStr2(handle));
-            }
-          } catch (const std::exception&) {
-            errors++;
           }
           done++;
         }
-        tjDestroy(handle);
       });
     }
-    while (done.load() < total && config.progress) {
+    while (done.load() < total && !failed && config.progress) {
       progress.update(done.load());
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
+  progress.finish();
+  if (failed) throw std::runtime_error(failure);
   RunResult r;
   r.name = "ceiling";
   r.images = total;
   r.seconds = now_seconds() - t0;
   r.images_per_s = total / r.seconds;
   r.errors = errors;
-  progress.finish();
+  r.skipped = skipped;
   return r;
 }
 
+// Whether the JPEG holds an Adobe APP14 marker that libjpeg reads as one (12 bytes or more,
+// starting "Adobe"), i.e. whether its CMYK values are stored inverted.
+bool has_adobe_marker(const std::vector<uint8_t>& d) {
+  size_t i = 2;  // after SOI
+  while (i + 4 <= d.size()) {
+    if (d[i] != 0xFF) return false;
+    const uint8_t marker = d[i + 1];
+    if (marker == 0xFF) {  // fill byte
+      ++i;
+      continue;
+    }
+    if (marker == 0xDA || marker == 0xD9) return false;  // SOS, EOI: no more header markers
+    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {
+      i += 2;
+      continue;
+    }
+    const size_t length = static_cast<size_t>(d[i + 2]) << 8 | d[i + 3];
+    if (marker == 0xEE && length >= 2 + 12 && i + 4 + 5 <= d.size() &&
+        std::memcmp(&d[i + 4], "Adobe", 5) == 0) {
+      return true;
+    }
+    i += 2 + length;
+  }
+  return false;
+}
+
 }  // namespace
+
+UserJpegDecoder::UserJpegDecoder() : handle_(tjInitDecompress()) {
+  if (handle_ == nullptr) throw std::runtime_error("tjInitDecompress failed");
+}
+
+UserJpegDecoder::~UserJpegDecoder() { tjDestroy(handle_); }
+
+void UserJpegDecoder::decode(const std::vector<uint8_t>& file, std::vector<uint8_t>& rgb,
+                             int& width, int& height) {
+  int sub = 0, colorspace = 0;
+  if (tjDecompressHeader3(handle_, file.data(), file.size(), &width, &height, &sub, &colorspace) !=
+      0) {
+    throw std::runtime_error(tjGetErrorStr2(handle_));
+  }
+  const size_t pixels = static_cast<size_t>(width) * static_cast<size_t>(height);
+  rgb.resize(pixels * 3);
+  if (colorspace != TJCS_CMYK && colorspace != TJCS_YCCK) {
+    if (tjDecompress2(handle_, file.data(), file.size(), rgb.data(), width, 0, height, TJPF_RGB,
+                      0) != 0) {
+      throw std::runtime_error(tjGetErrorStr2(handle_));
+    }
+    return;
+  }
+  cmyk_.resize(pixels * 4);
+  if (tjDecompress2(handle_, file.data(), file.size(), cmyk_.data(), width, 0, height, TJPF_CMYK,
+                    0) != 0) {
+    throw std::runtime_error(tjGetErrorStr2(handle_));
+  }
+  const unsigned flip = has_adobe_marker(file) ? 0 : 255;  // plain CMYK: invert first
+  for (size_t i = 0; i < pixels; ++i) {
+    const uint8_t* p = &cmyk_[4 * i];
+    const unsigned k = p[3] ^ flip;
+    rgb[3 * i] = static_cast<uint8_t>((p[0] ^ flip) * k / 255);
+    rgb[3 * i + 1] = static_cast<uint8_t>((p[1] ^ flip) * k / 255);
+    rgb[3 * i + 2] = static_cast<uint8_t>((p[2] ^ flip) * k / 255);
+  }
+}
+
+std::string reference_error(const std::string& name, const std::string& path,
+                            const std::string& what) {
+  return name + " reference: " + path + ": " + what;
+}
 
 RunResult run_torch_loader(const std::string& name, const BenchConfig& config);
 

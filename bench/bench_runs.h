@@ -63,6 +63,32 @@ class Progress {
 
 double now_seconds();
 
+// A full-size TurboJPEG decode to interleaved RGB, written the way a user's code handles every
+// JPEG a dataset holds: gray, YCbCr and progressive files decode straight to TJPF_RGB; CMYK and
+// YCCK files (which TurboJPEG cannot convert to RGB) decode to TJPF_CMYK and are converted here,
+// R = C * K / 255 on inverted values: files with an Adobe APP14 marker store inverted CMYK,
+// others plain CMYK, inverted first (the convention of conveyor::rgb_to_cmyk). One per thread.
+class UserJpegDecoder {
+ public:
+  UserJpegDecoder();
+  ~UserJpegDecoder();
+  UserJpegDecoder(const UserJpegDecoder&) = delete;
+  UserJpegDecoder& operator=(const UserJpegDecoder&) = delete;
+  // Fills `rgb` with height x width x 3 bytes. Throws std::runtime_error with TurboJPEG's message.
+  void decode(const std::vector<uint8_t>& file, std::vector<uint8_t>& rgb, int& width, int& height);
+
+ private:
+  void* handle_;
+  std::vector<uint8_t> cmyk_;
+};
+
+// A reference's error about one file: "<name> reference: <path>: <what>".
+std::string reference_error(const std::string& name, const std::string& path,
+                            const std::string& what);
+// Under BenchConfig::skip a reference replaces a file it cannot decode by the next one that
+// decodes, as Conveyor's ErrorPolicy::kSkip does, trying at most this many.
+constexpr size_t kMaxSubstitutes = 16;
+
 // With a CUDA device: h2d_gb_per_s, h2d_peak_gb_per_s and overlap_step_ratio into result.extra.
 void add_gpu_figures(const BenchConfig& config, RunResult& result);
 

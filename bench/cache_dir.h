@@ -20,4 +20,10 @@ inline std::string default_dataset_dir(size_t per_class) {
   return cache_dir() + "/datasets/photos-v1-10x" + std::to_string(per_class);
 }
 
+// conveyor-bench --dataset mixed: the same photos, a few percent of them gray, CMYK, YCCK,
+// progressive or 4:4:4 (GeneratorOptions::mixed).
+inline std::string mixed_dataset_dir(size_t per_class) {
+  return cache_dir() + "/datasets/photos-mixed-v1-10x" + std::to_string(per_class);
+}
+
 }  // namespace conveyor::bench

@@ -1,11 +1,13 @@
 // conveyor-bench: Conveyor's throughput on an image dataset, with reference runs in the same
 // process on the same files and threads, so every figure is a ratio against something real.
 //
-//   conveyor-bench [--data DIR | --generate N] [--batch-size 256] [--workers W] [--epochs 2]
+//   conveyor-bench [--data DIR | --dataset photos|mixed | --generate N] [--batch-size 256]
+//                  [--workers W] [--epochs 2]
 //                  [--rounds 3] [--crop 224] [--device cpu|cuda[:i]] [--compare ceiling,...]
 //                  [--on-error raise|skip] [--json FILE]
 //
-// Without --data it generates (once, cached) the photo-like default dataset.
+// Without --data it generates (once, cached) the photo-like default dataset, or with
+// --dataset mixed the same photos with a few percent gray, CMYK, YCCK, progressive and 4:4:4 files.
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,6 +36,8 @@ namespace {
       R"(usage: conveyor-bench [options]
   --data DIR          ImageFolder to read (default: the generated photo-like dataset)
   --generate N        generate (once, cached) a photo-like dataset of about N images and use it
+  --dataset KIND      the generated dataset: photos (default: all baseline 4:2:0 YCbCr) or mixed
+                      (ImageNet-like: a few percent each of gray, CMYK, YCCK, progressive, 4:4:4)
   --batch-size B      images per batch (default 256)
   --workers W         decoding threads (default: all cores)
   --epochs E          epochs to time (default 2)
@@ -53,6 +57,7 @@ BenchConfig parse(int argc, char** argv) {
   c.workers = std::max(1u, std::thread::hardware_concurrency());
   c.device = cuda_available() ? "cuda" : "cpu";
   size_t generate = 1500;
+  bool mixed = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -71,7 +76,11 @@ BenchConfig parse(int argc, char** argv) {
       c.data = value();
     else if (a == "--generate")
       generate = number(value());
-    else if (a == "--batch-size")
+    else if (a == "--dataset") {
+      std::string kind = value();
+      if (kind != "photos" && kind != "mixed") usage("--dataset takes photos or mixed");
+      mixed = kind == "mixed";
+    } else if (a == "--batch-size")
       c.batch_size = number(value());
     else if (a == "--workers")
       c.workers = number(value());
@@ -109,14 +118,17 @@ BenchConfig parse(int argc, char** argv) {
     GeneratorOptions g;
     g.classes = 10;
     g.images_per_class = std::max<size_t>(1, (generate + 9) / 10);
-    c.data = default_dataset_dir(g.images_per_class);
+    g.mixed = mixed;
+    c.data =
+        mixed ? mixed_dataset_dir(g.images_per_class) : default_dataset_dir(g.images_per_class);
     std::cerr << "conveyor-bench: dataset " << c.data << "\n";
     auto t0 = std::chrono::steady_clock::now();
     GeneratedDataset d = generate_image_folder(c.data, g);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::cerr << "conveyor-bench: " << (d.reused ? "reusing" : "generated") << " " << d.images
-              << " photo-like JPEGs, " << d.bytes / std::max<size_t>(1, d.images) / 1000
-              << " kB average" << (d.reused ? "" : " in " + std::to_string(s) + " s") << "\n";
+              << (mixed ? " mixed" : "") << " photo-like JPEGs, "
+              << d.bytes / std::max<size_t>(1, d.images) / 1000 << " kB average"
+              << (d.reused ? "" : " in " + std::to_string(s) + " s") << "\n";
   }
   return c;
 }
@@ -150,17 +162,19 @@ void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const
   std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu  rounds %zu\n",
               c.data.c_str(), c.batch_size, c.workers, c.crop, c.epochs, c.rounds);
   std::printf("mode: %s\n", main.mode.c_str());
-  std::printf("%-14s %12s %10s %16s %18s\n", "run", "images/s", "images", "conveyor / run",
-              "(rounds min..max)");
+  std::printf("%-14s %12s %10s %8s %8s %16s %18s\n", "run", "images/s", "images", "errors",
+              "skipped", "conveyor / run", "(rounds min..max)");
   for (const auto& r : runs) {
+    std::printf("%-14s %12.1f %10llu %8llu %8llu", r.name.c_str(), r.images_per_s,
+                static_cast<unsigned long long>(r.images),
+                static_cast<unsigned long long>(r.errors),
+                static_cast<unsigned long long>(r.skipped));
     if (r.name == "conveyor") {
-      std::printf("%-14s %12.1f %10llu %15.2fx\n", r.name.c_str(), r.images_per_s,
-                  static_cast<unsigned long long>(r.images), 1.0);
+      std::printf(" %15.2fx\n", 1.0);
       continue;
     }
     const auto [lo, hi] = std::minmax_element(r.ratios.begin(), r.ratios.end());
-    std::printf("%-14s %12.1f %10llu %15.2fx %11.2f..%.2f\n", r.name.c_str(), r.images_per_s,
-                static_cast<unsigned long long>(r.images), median(r.ratios), *lo, *hi);
+    std::printf(" %15.2fx %11.2f..%.2f\n", median(r.ratios), *lo, *hi);
   }
   std::printf("(images/s: median over rounds; a ratio: the median of each round's ratio)\n");
   std::printf("errors %llu  skipped %llu  consumer waited %.1f%%  p50 %.1f ms  p99 %.1f ms\n",
@@ -220,6 +234,8 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
     const auto [lo, hi] = std::minmax_element(r.ratios.begin(), r.ratios.end());
     field(key + "_ratio_min", std::to_string(*lo));
     field(key + "_ratio_max", std::to_string(*hi));
+    field(key + "_errors", std::to_string(r.errors));
+    field(key + "_skipped", std::to_string(r.skipped));
   }
   field("cuda_available", cuda_available() ? "true" : "false", true);
   out << "}\n";
