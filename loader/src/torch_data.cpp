@@ -11,10 +11,8 @@ namespace conveyor {
 WorkerError::WorkerError(std::exception_ptr original, size_t index, std::string sample,
                          const std::string& context)
     : torch::data::WorkerException(std::move(original)), index_(index), sample_(std::move(sample)) {
-  // The context may be a SampleError's message, which starts with "conveyor: " already.
-  const std::string prefix = "conveyor: ";
-  const bool prefixed = context.compare(0, prefix.size(), prefix) == 0;
-  message += " (" + prefix + context.substr(prefixed ? prefix.size() : 0) + ")";
+  // `context` is a whole Conveyor message ("conveyor: ..."): a SampleError's, or the caller's.
+  message += " (" + context + ")";
 }
 
 namespace detail {
@@ -157,7 +155,7 @@ std::optional<Batch> CollatedEngine::next() {
     } catch (...) {
       if (options_.workers() == 0) throw;
       throw WorkerError(std::current_exception(), 0, source_->describe(0),
-                        "sample 0, read to learn the shapes of the batch's tensors");
+                        "conveyor: sample 0, read to learn the shapes of the batch's tensors");
     }
     engine_ =
         std::make_unique<DataLoader>(source_, to_loader_options(options_), std::move(sampler_));
