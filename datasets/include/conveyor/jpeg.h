@@ -13,6 +13,9 @@
 // upsampling small crops after an 8/8 decode is cheaper.
 //
 // Requires: one JpegDecoder per thread; it is reused across images and is not thread-safe.
+// Nothing of one image carries over to the next (libjpeg-turbo before 3.1.2, which Debian 12
+// ships, leaves a dangling color converter behind that jpeg_skip_scanlines then writes through;
+// the decoder clears it after every image).
 // Guarantees: every JPEG that libjpeg-turbo reads decodes to RGB (baseline, progressive,
 // arithmetic-coded, restart markers, any subsampling; grayscale is expanded to three channels;
 // CMYK and YCCK, Adobe-inverted or not, are converted to RGB). Anything libjpeg-turbo reports as
@@ -94,7 +97,9 @@ class JpegDecoder {
 
   // Decodes the source region (x, y, width, height) at the smallest scale M/8 (M as the options
   // allow) whose scaled region is at least min_width x min_height (full scale if none is). The
-  // returned image is exactly the scaled region (rounded outwards to whole pixels).
+  // returned image is exactly the scaled region (rounded outwards to whole pixels), and its
+  // pixels are those of the same region of a full decode at the same scale and upsampling, for
+  // every option set (bench/conveyor-decode-check verifies this on random boxes).
   DecodedImage decode_region(const uint8_t* data, size_t size, int x, int y, int width, int height,
                              int min_width, int min_height);
 
