@@ -156,5 +156,38 @@ TEST(JpegDecoderReuse, EveryOrderOfTwoKindsDecodesRegionsExactly) {
   }
 }
 
+// A crop that leaves the chroma fewer than 2 samples wide makes jpeg_crop_scanline re-initialise
+// the upsampler in place; under merged upsampling (4:2:0 and 4:2:2 at 8/8 with fast upsampling)
+// libjpeg-turbo then writes a separate upsampler's fields past the merged upsampler's struct, over
+// the color tables that its C code (no SIMD, as under valgrind here) reads. Boxes 1 and 2 pixels
+// wide at every column, on colors that use every table entry, must still match a full decode.
+TEST(JpegDecoderReuse, NarrowCropsWithMergedUpsamplingDecodeExactly) {
+  constexpr int w = 64, h = 48;
+  std::vector<uint8_t> rgb(static_cast<size_t>(w) * h * 3);
+  for (size_t i = 0; i < rgb.size(); ++i)
+    rgb[i] = static_cast<uint8_t>((i * 97 + i / 3 * 31) & 0xFF);
+  for (const int v_samp : {2, 1}) {
+    EncodeOptions o;
+    o.v_samp = v_samp;
+    o.quality = 100;
+    const auto jpeg = encode_jpeg(rgb.data(), w, h, o);
+    DecodeOptions options;
+    options.channels = 4;
+    options.fast_upsampling = true;
+    JpegDecoder decoder({}, options);
+    for (int x = 0; x < w; ++x) {
+      for (const int bw : {1, 2}) {
+        if (x + bw > w) continue;
+        const std::string what = std::string(v_samp == 2 ? "420" : "422") + " box (" +
+                                 std::to_string(x) + ", 5) " + std::to_string(bw) + "x40";
+        const DecodedImage region =
+            decoder.decode_region(jpeg.data(), jpeg.size(), x, 5, bw, 40, 2 * bw, 80);
+        ASSERT_EQ(region.scale, 8) << what;
+        expect_matches_full_decode(jpeg, region, x, 5, true, 4, what);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -5,9 +5,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <type_traits>
 
 // jpeglib.h needs size_t and FILE declared first.
 #include <jpeglib.h>
+// After jpeglib.h, which it needs.
+#include <jerror.h>
 #include <turbojpeg.h>
 
 namespace conveyor {
@@ -220,7 +224,18 @@ struct JpegDecoder::State {
         }
       }
     }
-    const int dx0 = std::max(0, g.sx0 - margin_x), dx1 = std::min(out_w, g.sx1 + margin_x);
+    int dx0 = std::max(0, g.sx0 - margin_x), dx1 = std::min(out_w, g.sx1 + margin_x);
+    // A crop that leaves a component fewer than 2 samples wide makes jpeg_crop_scanline
+    // re-initialise the upsampler in place, and libjpeg-turbo (2.1.5, and upstream still) then
+    // writes a separate upsampler's fields past the end of a merged upsampler's smaller struct,
+    // into the decoder's memory pool. A crop at least two iMCU columns wide never does (not seen
+    // to change pixels, but an out-of-bounds write all the same; only boxes a few pixels wide
+    // are widened).
+    const int min_crop = 2 * cinfo.min_DCT_scaled_size * cinfo.max_h_samp_factor;
+    if (dx1 - dx0 < min_crop) {
+      dx1 = std::min(out_w, dx0 + min_crop);
+      dx0 = std::max(0, dx1 - min_crop);
+    }
     g.dy0 = std::max(0, g.sy0 - margin_y);
     g.dy1 = std::min(out_h, g.sy1 + margin_y);
     g.crop_x = static_cast<JDIMENSION>(dx0);
@@ -392,12 +407,51 @@ std::vector<uint8_t> exif_orientation_payload(int orientation, bool big_endian) 
 
 // The libjpeg calls of encode_jpeg, under setjmp: nothing with a destructor lives in this frame.
 // Returns false (with err.message set) when libjpeg reports an error.
-bool compress(jpeg_compress_struct& cinfo, ErrorManager& err, const uint8_t* pixels, int components,
-              int width, int height, const EncodeOptions& o, const std::vector<uint8_t>& exif,
-              unsigned char** out, unsigned long* out_size) {
+// A libjpeg destination that writes into a std::vector, so that an error (a longjmp out of
+// libjpeg mid-image) neither leaks nor frees twice, as jpeg_mem_dest's buffer can.
+struct VectorDestination {
+  jpeg_destination_mgr pub{};
+  std::vector<uint8_t>* out;
+
+  explicit VectorDestination(std::vector<uint8_t>& o) : out(&o) {
+    pub.init_destination = init;
+    pub.empty_output_buffer = grow;
+    pub.term_destination = term;
+  }
+  static VectorDestination& of(j_compress_ptr c) {
+    return *reinterpret_cast<VectorDestination*>(c->dest);  // pub is the first member
+  }
+  // Gives libjpeg the bytes from `used` to the end of `out`, `out` grown to at least `size`.
+  static void expose(j_compress_ptr c, size_t used, size_t size) {
+    VectorDestination& d = of(c);
+    try {
+      d.out->resize(size);
+    } catch (const std::bad_alloc&) {
+      c->err->msg_code = JERR_OUT_OF_MEMORY;
+      (*c->err->error_exit)(reinterpret_cast<j_common_ptr>(c));
+    }
+    d.pub.next_output_byte = d.out->data() + used;
+    d.pub.free_in_buffer = size - used;
+  }
+  static void init(j_compress_ptr c) { expose(c, 0, 64 * 1024); }
+  static boolean grow(j_compress_ptr c) {  // called when the whole buffer is full
+    const size_t used = of(c).out->size();
+    expose(c, used, 2 * used);
+    return TRUE;
+  }
+  static void term(j_compress_ptr c) {
+    VectorDestination& d = of(c);
+    d.out->resize(d.out->size() - d.pub.free_in_buffer);
+  }
+};
+static_assert(std::is_standard_layout_v<VectorDestination>);
+
+bool compress(jpeg_compress_struct& cinfo, ErrorManager& err, VectorDestination& dest,
+              const uint8_t* pixels, int components, int width, int height, const EncodeOptions& o,
+              const std::vector<uint8_t>& exif) {
   if (setjmp(err.jump)) return false;
   jpeg_create_compress(&cinfo);
-  jpeg_mem_dest(&cinfo, out, out_size);
+  cinfo.dest = &dest.pub;
   cinfo.image_width = static_cast<JDIMENSION>(width);
   cinfo.image_height = static_cast<JDIMENSION>(height);
   cinfo.input_components = components;
@@ -470,14 +524,10 @@ std::vector<uint8_t> encode_jpeg(const uint8_t* rgb, int width, int height,
   ErrorManager err{};
   cinfo.err = jpeg_std_error(&err.pub);
   err.pub.error_exit = on_error;
-  unsigned char* out = nullptr;
-  unsigned long out_size = 0;
-  const bool ok =
-      compress(cinfo, err, pixels, cmyk ? 4 : 3, width, height, options, exif, &out, &out_size);
   std::vector<uint8_t> result;
-  if (ok) result.assign(out, out + out_size);
+  VectorDestination dest(result);
+  const bool ok = compress(cinfo, err, dest, pixels, cmyk ? 4 : 3, width, height, options, exif);
   jpeg_destroy_compress(&cinfo);
-  std::free(out);
   if (!ok) throw JpegError(std::string("JPEG encode failed: ") + err.message);
   return result;
 }
