@@ -167,6 +167,8 @@ struct FullDataLoaderOptions {
 // dataset threw.
 class WorkerError : public torch::data::WorkerException {
  public:
+  // The message is torch's WorkerException message for `original`, then " (" + context + ")";
+  // `context` is a whole Conveyor message ("conveyor: sample 13 (...) failed in batch ...").
   WorkerError(std::exception_ptr original, size_t index, std::string sample,
               const std::string& context);
   size_t index() const { return index_; }
