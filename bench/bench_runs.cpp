@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "conveyor/conveyor.h"
+#include "jpeg_markers.h"
 
 namespace conveyor::bench {
 
@@ -167,32 +168,6 @@ RunResult run_ceiling(const BenchConfig& config) {
   r.errors = errors;
   r.skipped = skipped;
   return r;
-}
-
-// Whether the JPEG holds an Adobe APP14 marker that libjpeg reads as one (12 bytes or more,
-// starting "Adobe"), i.e. whether its CMYK values are stored inverted.
-bool has_adobe_marker(const std::vector<uint8_t>& d) {
-  size_t i = 2;  // after SOI
-  while (i + 4 <= d.size()) {
-    if (d[i] != 0xFF) return false;
-    const uint8_t marker = d[i + 1];
-    if (marker == 0xFF) {  // fill byte
-      ++i;
-      continue;
-    }
-    if (marker == 0xDA || marker == 0xD9) return false;  // SOS, EOI: no more header markers
-    if (marker == 0x01 || (marker >= 0xD0 && marker <= 0xD7)) {
-      i += 2;
-      continue;
-    }
-    const size_t length = static_cast<size_t>(d[i + 2]) << 8 | d[i + 3];
-    if (marker == 0xEE && length >= 2 + 12 && i + 4 + 5 <= d.size() &&
-        std::memcmp(&d[i + 4], "Adobe", 5) == 0) {
-      return true;
-    }
-    i += 2 + length;
-  }
-  return false;
 }
 
 }  // namespace

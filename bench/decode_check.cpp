@@ -60,6 +60,7 @@
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
+#include "jpeg_markers.h"
 
 namespace conveyor::check {
 namespace {
@@ -255,27 +256,6 @@ std::vector<CorpusFile> read_corpus(const std::string& dir) {
 // ---------------------------------------------------------------------------------------------
 // The reference: TurboJPEG's full decode, cached
 
-// True when the file has an Adobe APP14 marker (12 bytes of data or more, as libjpeg requires)
-// before its first scan: its CMYK is stored inverted. The decoder reads the same marker.
-bool has_adobe_marker(const std::vector<uint8_t>& b) {
-  size_t i = 2;
-  while (i + 4 <= b.size() && b[i] == 0xFF) {
-    const uint8_t marker = b[i + 1];
-    if (marker == 0xFF) {  // a fill byte before the marker
-      ++i;
-      continue;
-    }
-    if (marker == 0xDA) break;  // start of scan
-    const size_t length = static_cast<size_t>(b[i + 2]) << 8 | b[i + 3];
-    if (marker == 0xEE && length >= 2 + 12 && i + 4 + 5 <= b.size() &&
-        std::memcmp(&b[i + 4], "Adobe", 5) == 0) {
-      return true;
-    }
-    i += 2 + length;
-  }
-  return false;
-}
-
 struct Reference {
   int width = 0, height = 0;  // at the scale decoded
   std::vector<uint8_t> rgbx;  // width x height RGBX (X unspecified)
@@ -352,7 +332,7 @@ class ReferenceCache {
     }
     tjDestroy(handle);
     if (ok && cmyk) {  // to RGB as a user would: inverted (Adobe) values, R = C * K / 255
-      const bool inverted = has_adobe_marker(bytes);
+      const bool inverted = bench::has_adobe_marker(bytes);
       for (size_t i = 0; i < ref->rgbx.size(); i += 4) {
         uint8_t* p = &ref->rgbx[i];
         unsigned c = p[0], m = p[1], y = p[2], k = p[3];
