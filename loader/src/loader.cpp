@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include "conveyor/random.h"
+#include "options.h"
 
 namespace conveyor {
 namespace {
@@ -51,32 +52,6 @@ void permutation(size_t n, uint64_t seed, uint64_t epoch, std::vector<size_t>& o
     size_t j = static_cast<size_t>(rng.next() % i);
     std::swap(out[i - 1], out[j]);
   }
-}
-
-LoaderOptions resolve(LoaderOptions o) {
-  if (o.batch_size == 0) throw std::invalid_argument("conveyor: batch_size must be at least 1");
-  if (o.workers == 0) o.workers = std::max(1u, std::thread::hardware_concurrency());
-  o.prefetch_factor = std::max<size_t>(1, o.prefetch_factor);
-  if (o.timeout) {  // deadlines are now() + timeout: keep them far from overflowing
-    o.timeout = std::min<std::chrono::milliseconds>(*o.timeout, std::chrono::hours(24 * 365));
-    if (o.timeout->count() < 0)
-      throw std::invalid_argument("conveyor: timeout must not be negative");
-  }
-  if (o.slots == 0) o.slots = o.workers + o.prefetch_factor + 2;
-  o.slots = std::max<size_t>(o.slots, 2);
-  if (o.chunk_size == 0) {
-    o.chunk_size =
-        o.workers == 1 ? o.batch_size : std::max<size_t>(8, o.batch_size / (4 * o.workers));
-  }
-  o.chunk_size = std::min(o.chunk_size, o.batch_size);
-  // Jobs are 32-bit (slot, chunk) numbers, and the job queue holds every chunk of every slot.
-  const size_t chunks = (o.batch_size + o.chunk_size - 1) / o.chunk_size;
-  if (o.slots * chunks > (size_t{1} << 24)) {
-    throw std::invalid_argument("conveyor: " + std::to_string(o.slots) + " slots x " +
-                                std::to_string(chunks) +
-                                " chunks per batch is too many jobs; raise chunk_size");
-  }
-  return o;
 }
 
 }  // namespace
@@ -176,7 +151,7 @@ struct DataLoader::Staged {
 DataLoader::DataLoader(std::shared_ptr<SampleSource> source, LoaderOptions options,
                        std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine)
     : source_(std::move(source)),
-      options_(resolve(options)),
+      options_(detail::resolve_options(options, /*check_device=*/!copy_engine)),
       sampler_(sampler ? std::move(sampler) : SequentialSampler::make()),
       chunks_((options_.batch_size + options_.chunk_size - 1) / options_.chunk_size),
       jobs_(options_.slots * chunks_),

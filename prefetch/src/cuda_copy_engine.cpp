@@ -106,24 +106,32 @@ class CudaCopyEngine final : public CopyEngine {
 
 }  // namespace
 
+c10::Device resolve_device(c10::Device device) {
+  if (device.is_cpu()) return device;
+  if (!device.is_cuda()) {
+    throw std::invalid_argument("conveyor: device " + device.str() +
+                                " is not supported (batches go to the cpu or a cuda device)");
+  }
+  if (!cuda_available()) {
+    throw std::invalid_argument("conveyor: device " + device.str() +
+                                " was requested but no CUDA device is usable on this machine");
+  }
+  int count = 0;
+  throw_if_failed(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  const int index = device.has_index() ? device.index() : 0;
+  if (index >= count) {
+    throw std::invalid_argument("conveyor: device " + device.str() + " was requested but only " +
+                                std::to_string(count) + " CUDA device(s) exist");
+  }
+  return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+}
+
 std::unique_ptr<CopyEngine> make_cuda_copy_engine(c10::Device device) {
   if (!device.is_cuda()) {
     throw std::invalid_argument("conveyor: the copy engine needs a CUDA device, got " +
                                 device.str());
   }
-  if (!cuda_available()) {
-    throw std::runtime_error("conveyor: device " + device.str() +
-                             " was requested but no CUDA device is usable on this machine");
-  }
-  int count = 0;
-  throw_if_failed(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
-  int index = device.has_index() ? device.index() : 0;
-  if (index >= count) {
-    throw std::runtime_error("conveyor: device " + device.str() + " requested but only " +
-                             std::to_string(count) + " CUDA device(s) exist");
-  }
-  return std::make_unique<CudaCopyEngine>(
-      c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index)));
+  return std::make_unique<CudaCopyEngine>(resolve_device(device));
 }
 
 }  // namespace conveyor

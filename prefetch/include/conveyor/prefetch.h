@@ -44,8 +44,13 @@ class CopyEngine {
   virtual void check() {}
 };
 
+// Checks that batches can be delivered to `device` here: the CPU, or a CUDA device that is usable
+// (a driver, a GPU, and the index in range). Returns it with its index filled in for CUDA (cuda
+// means cuda:0). Throws std::invalid_argument naming the device and what is missing.
+c10::Device resolve_device(c10::Device device);
+
 // The real copy stage: one side stream of the given CUDA device.
-// Throws std::runtime_error when no CUDA device is usable or the index is out of range.
+// Throws std::invalid_argument as resolve_device() does, or for a CPU device.
 std::unique_ptr<CopyEngine> make_cuda_copy_engine(c10::Device device);
 
 // Normalization on the device after the copy, so the PCIe link carries uint8:

@@ -1,0 +1,44 @@
+#include "options.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <thread>
+
+#include "conveyor/prefetch.h"
+
+namespace conveyor::detail {
+
+ResolvedOptions resolve_options(const LoaderOptions& options, bool check_device) {
+  ResolvedOptions o;
+  static_cast<LoaderOptions&>(o) = options;
+  if (o.batch_size == 0) throw std::invalid_argument("conveyor: batch_size must be at least 1");
+  if (o.workers == 0) o.workers = std::max(1u, std::thread::hardware_concurrency());
+  o.prefetch_factor = std::max<size_t>(1, o.prefetch_factor);
+  if (o.timeout) {  // deadlines are now() + timeout: keep them far from overflowing
+    if (o.timeout->count() < 0)
+      throw std::invalid_argument("conveyor: timeout must not be negative");
+    o.timeout = std::min<std::chrono::milliseconds>(*o.timeout, std::chrono::hours(24 * 365));
+  }
+  if (o.slots == 0) o.slots = o.workers + o.prefetch_factor + 2;
+  o.slots = std::max<size_t>(o.slots, 2);
+  if (o.chunk_size == 0) {
+    o.chunk_size =
+        o.workers == 1 ? o.batch_size : std::max<size_t>(8, o.batch_size / (4 * o.workers));
+  }
+  o.chunk_size = std::min(o.chunk_size, o.batch_size);
+  o.chunks_per_batch = (o.batch_size + o.chunk_size - 1) / o.chunk_size;
+  // Jobs are 32-bit (slot, chunk) numbers, and the job queue holds every chunk of every slot.
+  if (o.slots * o.chunks_per_batch > (size_t{1} << 24)) {
+    throw std::invalid_argument("conveyor: " + std::to_string(o.slots) + " slots x " +
+                                std::to_string(o.chunks_per_batch) +
+                                " chunks per batch is too many jobs; raise chunk_size");
+  }
+  if (check_device) o.device = resolve_device(o.device);
+  return o;
+}
+
+void throw_joined() {
+  throw std::logic_error("conveyor: the DataLoader was joined; it yields no batches");
+}
+
+}  // namespace conveyor::detail
