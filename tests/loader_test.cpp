@@ -554,7 +554,7 @@ TEST(Loader, ReportsTheCpuPathWithoutAGpu) {
   try {
     DataLoader bad(std::make_shared<IndexSource>(4), gpu);
     ADD_FAILURE() << "a CUDA device without a GPU must be refused";
-  } catch (const std::runtime_error& e) {
+  } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("no CUDA device"), std::string::npos) << e.what();
   }
 }
