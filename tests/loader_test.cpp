@@ -414,7 +414,7 @@ class FailingCopyEngine : public LateCopyEngine {
  public:
   explicit FailingCopyEngine(std::set<int> fail_calls)
       : LateCopyEngine(1ms), fail_(std::move(fail_calls)) {}
-  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, void* event,
+  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, CudaEvent* event,
                                 std::function<void()> on_finished) override {
     if (fail_.count(calls_++)) {
       on_finished();

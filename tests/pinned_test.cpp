@@ -1,7 +1,14 @@
-// SlotRing and HostBuffer: the slot state machine, blocking and closing, bounded memory.
+// SlotRing, HostBuffer and CudaEvent: the slot state machine, blocking and closing, bounded
+// memory, and owned CUDA events.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <fstream>
 #include <thread>
+#include <type_traits>
+#include <utility>
+
+#include <cuda_runtime_api.h>
 
 #include "conveyor/pinned.h"
 
@@ -106,6 +113,115 @@ TEST(SlotRing, ManyThreadsNeverShareASlot) {
   for (auto& t : threads) t.join();
   EXPECT_EQ(violations.load(), 0);
   EXPECT_EQ(ring.count_states()[static_cast<size_t>(SlotState::kFree)], 4u);
+}
+
+TEST(SlotRing, APageableRingHasNoEventsSoBeginCopyReturnsNull) {
+  SlotRing::Options o = two_fields(2);
+  o.memory = HostBuffer::Kind::kPageable;
+  SlotRing ring(o);
+  EXPECT_FALSE(ring.is_pinned());
+  for (int round = 0; round < 3; ++round) {  // every slot, and again after reuse
+    auto s = ring.try_acquire();
+    ASSERT_TRUE(s);
+    ring.mark_ready(*s);
+    EXPECT_EQ(ring.begin_copy(*s), nullptr);
+    EXPECT_EQ(ring.state(*s), SlotState::kCopying);
+    ring.copy_finished(*s);
+  }
+}
+
+TEST(SlotRing, APinnedRingHandsOutOneDistinctLiveEventPerSlot) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device: the ring is pageable";
+  SlotRing ring(two_fields(3));
+  ASSERT_TRUE(ring.is_pinned());
+  std::vector<CudaEvent*> events;
+  for (int i = 0; i < 3; ++i) {
+    auto s = ring.try_acquire();
+    ASSERT_TRUE(s);
+    ring.mark_ready(*s);
+    CudaEvent* event = ring.begin_copy(*s);
+    ASSERT_NE(event, nullptr);
+    ASSERT_NE(event->native_handle(), nullptr);
+    EXPECT_EQ(cudaEventRecord(event->native_handle(), nullptr), cudaSuccess);
+    events.push_back(event);
+  }
+  EXPECT_NE(events[0]->native_handle(), events[1]->native_handle());
+  EXPECT_NE(events[1]->native_handle(), events[2]->native_handle());
+  EXPECT_NE(events[0]->native_handle(), events[2]->native_handle());
+}
+
+TEST(CudaEvent, IsMoveOnly) {
+  static_assert(!std::is_copy_constructible_v<CudaEvent>, "an event has one owner");
+  static_assert(!std::is_copy_assignable_v<CudaEvent>, "an event has one owner");
+  static_assert(std::is_nothrow_move_constructible_v<CudaEvent>, "moves never throw");
+  static_assert(std::is_nothrow_move_assignable_v<CudaEvent>, "moves never throw");
+  static_assert(std::is_nothrow_default_constructible_v<CudaEvent>, "an empty event is free");
+  static_assert(
+      std::is_same_v<decltype(std::declval<const CudaEvent&>().native_handle()), cudaEvent_t>,
+      "native_handle() is the runtime's cudaEvent_t");
+  SUCCEED();
+}
+
+TEST(CudaEvent, DefaultConstructedHoldsNoEvent) {
+  CudaEvent empty;
+  EXPECT_EQ(empty.native_handle(), nullptr);
+  EXPECT_FALSE(empty);
+  CudaEvent moved = std::move(empty);  // moving nothing is fine, and so is destroying it
+  EXPECT_EQ(moved.native_handle(), nullptr);
+  moved = CudaEvent();
+  EXPECT_FALSE(moved);
+}
+
+TEST(CudaEvent, WithoutAGpuCreatingOneThrowsNamingTheDevice) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is usable here";
+  try {
+    CudaEvent event(0);
+    FAIL() << "created an event without a usable CUDA device";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+  }
+}
+
+// Resident host memory of this process, in bytes (Linux).
+size_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  size_t pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * 4096;
+}
+
+TEST(CudaEvent, CreatesUsableEventsAndDestroysThemWithoutLeaking) {
+  if (!cuda_available()) GTEST_SKIP() << "no usable CUDA device to create events on";
+  {
+    CudaEvent event(0);
+    ASSERT_TRUE(event);
+    ASSERT_EQ(cudaEventRecord(event.native_handle(), nullptr), cudaSuccess);
+    ASSERT_EQ(cudaEventSynchronize(event.native_handle()), cudaSuccess);
+    cudaEvent_t handle = event.native_handle();
+    CudaEvent owner = std::move(event);  // ownership moves, the event stays the same
+    EXPECT_EQ(owner.native_handle(), handle);
+    EXPECT_EQ(event.native_handle(), nullptr);
+    CudaEvent other(0);
+    owner = std::move(other);  // destroys the first event, takes the second
+    EXPECT_NE(owner.native_handle(), nullptr);
+    EXPECT_EQ(other.native_handle(), nullptr);
+  }
+  // Warm up the runtime's own pools, then churn: a destructor that leaked would grow the process
+  // (each event costs host memory in the driver) and the device's allocations.
+  for (int i = 0; i < 1000; ++i) CudaEvent warm(0);
+  const size_t rss_before = resident_bytes();
+  size_t device_free_before = 0, device_free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&device_free_before, &total), cudaSuccess);
+  for (int i = 0; i < 200000; ++i) {
+    CudaEvent event(0);
+    ASSERT_TRUE(event);
+  }
+  ASSERT_EQ(cudaMemGetInfo(&device_free_after, &total), cudaSuccess);
+  const size_t rss_after = resident_bytes();
+  EXPECT_LT(rss_after, rss_before + (8u << 20))
+      << "host memory grew by " << (rss_after - rss_before) << " bytes";
+  EXPECT_GE(device_free_after + (8u << 20), device_free_before);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 }  // namespace

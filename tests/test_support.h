@@ -135,7 +135,7 @@ class LateCopyEngine : public CopyEngine {
     cv_.notify_all();
     thread_.join();
   }
-  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, void*,
+  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, CudaEvent*,
                                 std::function<void()> on_finished) override {
     Job job;
     job.due = std::chrono::steady_clock::now() + latency_;
@@ -155,7 +155,7 @@ class LateCopyEngine : public CopyEngine {
     cv_.notify_all();
     return out;
   }
-  void make_visible(std::vector<at::Tensor>& device, void*) override {
+  void make_visible(std::vector<at::Tensor>& device, CudaEvent*) override {
     std::shared_future<void> done;
     {
       std::lock_guard<std::mutex> lock(mutex_);

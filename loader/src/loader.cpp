@@ -144,7 +144,7 @@ struct DataLoader::SlotMeta {
 
 struct DataLoader::Staged {
   Batch batch;
-  void* event = nullptr;
+  CudaEvent* event = nullptr;
   std::exception_ptr failure;
 };
 

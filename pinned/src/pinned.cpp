@@ -1,11 +1,17 @@
 #include "conveyor/pinned.h"
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include <cuda_runtime_api.h>
+#include <boost/lockfree/queue.hpp>
+
+#include "conveyor/internal/semaphore.h"
 
 namespace conveyor {
 namespace {
@@ -37,6 +43,9 @@ class CurrentDevice {
 };
 
 }  // namespace
+
+static_assert(std::is_same_v<cudaEvent_t, CUevent_st*>,
+              "pinned.h declares CudaEvent's handle as CUevent_st*, which must be cudaEvent_t");
 
 bool cuda_available() {
   int count = 0;
@@ -107,6 +116,36 @@ HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
   return *this;
 }
 
+CudaEvent::CudaEvent(int cuda_device) {
+  CurrentDevice device(cuda_device);
+  cudaEvent_t event = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // not sticky: clear it so that it is not reported again elsewhere
+    throw std::runtime_error("conveyor: cudaEventCreate on cuda:" + std::to_string(cuda_device) +
+                             " failed (" + cuda_message(err) + ")");
+  }
+  event_ = event;
+}
+
+CudaEvent::~CudaEvent() { reset(); }
+
+void CudaEvent::reset() noexcept {
+  if (event_ != nullptr) cudaEventDestroy(event_);
+  event_ = nullptr;
+}
+
+CudaEvent::CudaEvent(CudaEvent&& other) noexcept : event_(other.event_) { other.event_ = nullptr; }
+
+CudaEvent& CudaEvent::operator=(CudaEvent&& other) noexcept {
+  if (this != &other) {
+    reset();
+    event_ = other.event_;
+    other.event_ = nullptr;
+  }
+  return *this;
+}
+
 const char* to_string(SlotState state) {
   switch (state) {
     case SlotState::kFree:
@@ -132,139 +171,147 @@ size_t layout_bytes(const SlotLayout& layout, std::vector<size_t>& offsets) {
 }
 }  // namespace
 
+// The ring's machinery. Each slot's state is one atomic, moved only by compare-and-swap from the
+// state a transition leaves, so an illegal move is detected, never applied. A free slot's index is
+// in `free` exactly once; `free_count` counts the queued indices (push, then release a permit;
+// acquire a permit, then pop), plus the wake-ups close() hands out.
+struct SlotRing::Impl {
+  struct Slot {
+    std::atomic<SlotState> state{SlotState::kFree};
+    CudaEvent event;  // holds an event when the ring's memory is pinned
+  };
+
+  explicit Impl(size_t slots) : slots(slots), free(slots) {}
+
+  void transition(uint32_t slot, SlotState from, SlotState to) {
+    if (slot >= slots.size()) throw std::logic_error("conveyor: slot index out of range");
+    SlotState expected = from;
+    if (!slots[slot].state.compare_exchange_strong(expected, to, std::memory_order_acq_rel)) {
+      throw std::logic_error(std::string("conveyor: slot ") + std::to_string(slot) + " is " +
+                             to_string(expected) + ", expected " + to_string(from) +
+                             " for a move to " + to_string(to));
+    }
+  }
+
+  void push_free(uint32_t slot) {
+    // The queue was sized for every slot at construction, so push never allocates or fails.
+    free.bounded_push(slot);
+    free_count.release();
+  }
+
+  std::optional<uint32_t> pop_free() {
+    uint32_t slot = 0;
+    if (!free.pop(slot)) {
+      // A permit always matches a queued index (push before release), so this cannot happen.
+      throw std::logic_error("conveyor: SlotRing free queue out of step with its count");
+    }
+    transition(slot, SlotState::kFree, SlotState::kFilling);
+    return slot;
+  }
+
+  bool closed() const { return is_closed.load(std::memory_order_acquire); }
+
+  std::vector<Slot> slots;
+  boost::lockfree::queue<uint32_t> free;
+  Semaphore free_count{0};
+  std::atomic<bool> is_closed{false};
+};
+
 SlotRing::SlotRing(Options options)
     : field_bytes_(options.layout.field_bytes),
       slot_bytes_(layout_bytes(options.layout, offsets_)),
-      slots_(options.slots),
-      free_(options.slots) {
+      slots_(options.slots) {
   if (options.slots == 0) throw std::invalid_argument("conveyor: SlotRing needs at least 1 slot");
-  std::optional<CurrentDevice> device;
-  if (options.memory == HostBuffer::Kind::kAuto && cuda_available())
-    device.emplace(options.cuda_device);
-  memory_ = HostBuffer(slot_bytes_ * options.slots, options.memory, options.write_combined);
-  if (memory_.is_pinned()) {
-    for (auto& slot : slots_) {
-      cudaEvent_t event = nullptr;
-      cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-      if (err != cudaSuccess) {
-        for (auto& s : slots_) {
-          if (s.event != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(s.event));
-        }
-        throw std::runtime_error("conveyor: cudaEventCreate failed (" + cuda_message(err) + ")");
-      }
-      slot.event = event;
-    }
+  {
+    std::optional<CurrentDevice> device;
+    if (options.memory == HostBuffer::Kind::kAuto && cuda_available())
+      device.emplace(options.cuda_device);
+    memory_ = HostBuffer(slot_bytes_ * options.slots, options.memory, options.write_combined);
   }
-  for (uint32_t i = 0; i < slots_.size(); ++i) push_free(i);
+  impl_ = std::make_unique<Impl>(options.slots);
+  if (memory_.is_pinned()) {
+    for (auto& slot : impl_->slots) slot.event = CudaEvent(options.cuda_device);
+  }
+  for (uint32_t i = 0; i < slots_; ++i) impl_->push_free(i);
 }
 
 SlotRing::~SlotRing() {
   close();
-  for (auto& slot : slots_) {
-    if (slot.event != nullptr) {
-      // A copy may still read this slot: wait for it before the memory goes away.
-      cudaEventSynchronize(static_cast<cudaEvent_t>(slot.event));
-      cudaEventDestroy(static_cast<cudaEvent_t>(slot.event));
-    }
+  for (auto& slot : impl_->slots) {
+    // A copy may still read this slot: wait for it before the memory goes away.
+    if (slot.event) cudaEventSynchronize(slot.event.native_handle());
   }
-}
-
-std::byte* SlotRing::field(uint32_t slot, size_t field) const {
-  return memory_.data() + static_cast<size_t>(slot) * slot_bytes_ + offsets_[field];
-}
-
-void SlotRing::push_free(uint32_t slot) {
-  // The queue was sized for every slot at construction, so push never allocates or fails.
-  free_.bounded_push(slot);
-  free_count_.release();
-}
-
-std::optional<uint32_t> SlotRing::pop_free() {
-  uint32_t slot = 0;
-  if (!free_.pop(slot)) {
-    // A permit always matches a queued index (push before release), so this cannot happen.
-    throw std::logic_error("conveyor: SlotRing free queue out of step with its count");
-  }
-  transition(slot, SlotState::kFree, SlotState::kFilling);
-  return slot;
 }
 
 std::optional<uint32_t> SlotRing::acquire() {
   if (closed()) return std::nullopt;
-  free_count_.acquire();
+  impl_->free_count.acquire();
   if (closed()) {
-    free_count_.release();  // pass the wake-up on to the next waiter
+    impl_->free_count.release();  // pass the wake-up on to the next waiter
     return std::nullopt;
   }
-  return pop_free();
+  return impl_->pop_free();
 }
 
 std::optional<uint32_t> SlotRing::try_acquire_for(std::chrono::milliseconds timeout) {
   if (closed()) return std::nullopt;
-  if (!free_count_.try_acquire_for(timeout)) return std::nullopt;
+  if (!impl_->free_count.try_acquire_for(timeout)) return std::nullopt;
   if (closed()) {
-    free_count_.release();
+    impl_->free_count.release();
     return std::nullopt;
   }
-  return pop_free();
+  return impl_->pop_free();
 }
 
 std::optional<uint32_t> SlotRing::try_acquire() {
-  if (closed() || !free_count_.try_acquire()) return std::nullopt;
+  if (closed() || !impl_->free_count.try_acquire()) return std::nullopt;
   if (closed()) {  // the permit may be one of close()'s wake-ups: pass it on
-    free_count_.release();
+    impl_->free_count.release();
     return std::nullopt;
   }
-  return pop_free();
-}
-
-void SlotRing::transition(uint32_t slot, SlotState from, SlotState to) {
-  if (slot >= slots_.size()) throw std::logic_error("conveyor: slot index out of range");
-  SlotState expected = from;
-  if (!slots_[slot].state.compare_exchange_strong(expected, to, std::memory_order_acq_rel)) {
-    throw std::logic_error(std::string("conveyor: slot ") + std::to_string(slot) + " is " +
-                           to_string(expected) + ", expected " + to_string(from) +
-                           " for a move to " + to_string(to));
-  }
+  return impl_->pop_free();
 }
 
 void SlotRing::mark_ready(uint32_t slot) {
-  transition(slot, SlotState::kFilling, SlotState::kReady);
+  impl_->transition(slot, SlotState::kFilling, SlotState::kReady);
 }
 
 void SlotRing::release(uint32_t slot) {
-  if (slot >= slots_.size()) throw std::logic_error("conveyor: slot index out of range");
+  if (slot >= slots_) throw std::logic_error("conveyor: slot index out of range");
   SlotState expected = SlotState::kReady;
-  if (!slots_[slot].state.compare_exchange_strong(expected, SlotState::kFree)) {
-    transition(slot, SlotState::kFilling, SlotState::kFree);
+  if (!impl_->slots[slot].state.compare_exchange_strong(expected, SlotState::kFree)) {
+    impl_->transition(slot, SlotState::kFilling, SlotState::kFree);
   }
-  push_free(slot);
+  impl_->push_free(slot);
 }
 
-void* SlotRing::begin_copy(uint32_t slot) {
-  transition(slot, SlotState::kReady, SlotState::kCopying);
-  return slots_[slot].event;
+CudaEvent* SlotRing::begin_copy(uint32_t slot) {
+  impl_->transition(slot, SlotState::kReady, SlotState::kCopying);
+  CudaEvent& event = impl_->slots[slot].event;
+  return event ? &event : nullptr;
 }
 
 void SlotRing::copy_finished(uint32_t slot) {
-  transition(slot, SlotState::kCopying, SlotState::kFree);
-  push_free(slot);
+  impl_->transition(slot, SlotState::kCopying, SlotState::kFree);
+  impl_->push_free(slot);
 }
 
 SlotState SlotRing::state(uint32_t slot) const {
-  return slots_.at(slot).state.load(std::memory_order_acquire);
+  return impl_->slots.at(slot).state.load(std::memory_order_acquire);
 }
 
 std::vector<size_t> SlotRing::count_states() const {
   std::vector<size_t> counts(4, 0);
-  for (const auto& slot : slots_) ++counts[static_cast<size_t>(slot.state.load())];
+  for (const auto& slot : impl_->slots) ++counts[static_cast<size_t>(slot.state.load())];
   return counts;
 }
 
+bool SlotRing::closed() const { return impl_->closed(); }
+
 void SlotRing::close() {
-  if (closed_.exchange(true)) return;
+  if (impl_->is_closed.exchange(true)) return;
   // Wake every possible waiter; each passes the permit on when it sees the ring closed.
-  free_count_.release(static_cast<std::ptrdiff_t>(slots_.size()) + 1);
+  impl_->free_count.release(static_cast<std::ptrdiff_t>(slots_) + 1);
 }
 
 }  // namespace conveyor

@@ -43,7 +43,7 @@ class CudaCopyEngine final : public CopyEngine {
     cudaStreamSynchronize(stream_.stream());
   }
 
-  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, void* event,
+  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, CudaEvent* event,
                                 std::function<void()> on_finished) override {
     c10::cuda::CUDAGuard device_guard(device_);
     c10::cuda::CUDAStreamGuard stream_guard(stream_);  // allocations belong to the side stream
@@ -58,8 +58,8 @@ class CudaCopyEngine final : public CopyEngine {
                         "cudaMemcpyAsync");
         device.push_back(std::move(d));
       }
-      if (event != nullptr) {
-        throw_if_failed(cudaEventRecord(static_cast<cudaEvent_t>(event), stream_.stream()),
+      if (event != nullptr && *event) {
+        throw_if_failed(cudaEventRecord(event->native_handle(), stream_.stream()),
                         "cudaEventRecord");
       }
       throw_if_failed(cudaLaunchHostFunc(stream_.stream(), run_finished, payload.get()),
@@ -74,12 +74,12 @@ class CudaCopyEngine final : public CopyEngine {
     return device;
   }
 
-  void make_visible(std::vector<at::Tensor>& device, void* event) override {
+  void make_visible(std::vector<at::Tensor>& device, CudaEvent* event) override {
     c10::cuda::CUDAGuard device_guard(device_);
     c10::cuda::CUDAStream consumer = c10::cuda::getCurrentCUDAStream(device_.index());
     if (consumer != stream_) {
-      if (event != nullptr) {
-        throw_if_failed(cudaStreamWaitEvent(consumer.stream(), static_cast<cudaEvent_t>(event), 0),
+      if (event != nullptr && *event) {
+        throw_if_failed(cudaStreamWaitEvent(consumer.stream(), event->native_handle(), 0),
                         "cudaStreamWaitEvent");
       } else {
         throw_if_failed(cudaStreamSynchronize(stream_.stream()), "cudaStreamSynchronize");

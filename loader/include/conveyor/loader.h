@@ -46,7 +46,7 @@
 #include <string>
 #include <thread>
 #include <vector>
-#include "conveyor/semaphore.h"
+#include "conveyor/internal/semaphore.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>

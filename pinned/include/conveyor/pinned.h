@@ -1,4 +1,4 @@
-// conveyor/pinned.h: page-locked host memory and the fixed ring of batch slots.
+// conveyor/pinned.h: page-locked host memory, CUDA events and the fixed ring of batch slots.
 //
 // What it is for: worker threads write each batch straight into a slot of a SlotRing; the copy
 // stage reads the slot with an asynchronous host-to-device copy; the slot is then reused. All of
@@ -8,6 +8,10 @@
 // HostBuffer: one block of host memory. With a usable CUDA device it is page-locked
 // (cudaHostAlloc, portable, optionally write-combined), so cudaMemcpyAsync from it really is
 // asynchronous; without one it is ordinary 4 KiB-aligned memory, and is_pinned() says so.
+//
+// CudaEvent: one CUDA event (cudaEventDisableTiming), owned: created by the constructor, destroyed
+// by the destructor, moved but never copied. A default-constructed CudaEvent holds no event. It
+// is how an event travels between the ring, the copy stage and the loader (never as void*).
 //
 // SlotRing: `slots` slots, each holding one batch's fields as fixed byte ranges. Every slot has an
 // explicit state and, when memory is pinned, a CUDA event that guards its reuse:
@@ -22,24 +26,26 @@
 //   * acquire() only ever returns a free slot, so a slot is never written while a copy may still
 //     read it: a kCopying slot becomes free only through copy_finished(), which the copy stage
 //     calls once the copy's event has completed.
-//   * Free slot indices travel through a Boost.Lockfree queue; acquire/release take no lock.
-//   * bytes() is constant for the ring's lifetime.
+//   * Free slot indices travel through a lock-free queue; acquire/release take no lock, and no
+//     transition allocates.
+//   * bytes() and the field layout are constant for the ring's lifetime.
 //   * The destructor waits for outstanding copies (the slot events) before freeing memory.
-// Thread safety: all member functions may be called concurrently, except construction and
-// destruction.
+//   * This header pulls in no CUDA, Boost or threading header: the ring's machinery is private
+//     (pinned.cpp), and it compiles as C++17.
+// Thread safety: all member functions of SlotRing may be called concurrently, except construction
+// and destruction. A CudaEvent is not synchronized: one owner at a time, as for any value.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <string>
 #include <vector>
-#include "conveyor/semaphore.h"
 
-#include <boost/lockfree/queue.hpp>
+// The CUDA runtime's event type is `CUevent_st*` (cudaEvent_t); declared here so that this header
+// needs no CUDA header.
+struct CUevent_st;
 
 namespace conveyor {
 
@@ -72,6 +78,31 @@ class HostBuffer {
   bool pinned_ = false;
 };
 
+// An owned CUDA event, created with cudaEventDisableTiming (events here only order work).
+class CudaEvent {
+ public:
+  // Holds no event; native_handle() is nullptr.
+  CudaEvent() noexcept = default;
+  // Creates an event on `cuda_device` (made current for the call, then restored).
+  // Throws std::runtime_error naming the CUDA error when the event cannot be created.
+  explicit CudaEvent(int cuda_device);
+  // Destroys the event. Work already recorded on it is unaffected (CUDA releases the event once
+  // that work completes); callers that must outlive the work wait for it first.
+  ~CudaEvent();
+  CudaEvent(CudaEvent&& other) noexcept;
+  CudaEvent& operator=(CudaEvent&& other) noexcept;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+
+  // The cudaEvent_t, or nullptr when this holds no event. Still owned by this object.
+  CUevent_st* native_handle() const noexcept { return event_; }
+  explicit operator bool() const noexcept { return event_ != nullptr; }
+
+ private:
+  void reset() noexcept;
+  CUevent_st* event_ = nullptr;
+};
+
 enum class SlotState : uint8_t { kFree, kFilling, kReady, kCopying };
 const char* to_string(SlotState state);
 
@@ -89,19 +120,24 @@ class SlotRing {
     bool write_combined = false;  // only for pinned memory the CPU never reads back
     int cuda_device = 0;  // the device whose context allocates the memory and owns the events
   };
+  // Throws std::invalid_argument for zero slots, std::runtime_error when memory or an event
+  // cannot be allocated.
   explicit SlotRing(Options options);
   ~SlotRing();
   SlotRing(const SlotRing&) = delete;
   SlotRing& operator=(const SlotRing&) = delete;
 
-  size_t slots() const { return slots_.size(); }
+  size_t slots() const { return slots_; }
   size_t fields() const { return offsets_.size(); }
   size_t slot_bytes() const { return slot_bytes_; }
   // Total host bytes held by the ring (slots x slot_bytes); constant.
   size_t bytes() const { return memory_.size(); }
   bool is_pinned() const { return memory_.is_pinned(); }
 
-  std::byte* field(uint32_t slot, size_t field) const;
+  // The start of `field` in `slot` (not range-checked).
+  std::byte* field(uint32_t slot, size_t field) const {
+    return memory_.data() + static_cast<size_t>(slot) * slot_bytes_ + offsets_[field];
+  }
   size_t field_bytes(size_t field) const { return field_bytes_[field]; }
 
   // Blocks until a slot is free, marks it kFilling and returns it; nullopt once close() was called.
@@ -114,9 +150,9 @@ class SlotRing {
   void mark_ready(uint32_t slot);
   // kFilling or kReady -> kFree: the slot's content is no longer needed.
   void release(uint32_t slot);
-  // kReady -> kCopying. With pinned memory, returns the slot's event (a cudaEvent_t) for the copy
-  // stage to record after its copy; nullptr otherwise.
-  void* begin_copy(uint32_t slot);
+  // kReady -> kCopying. With pinned memory, returns the slot's event for the copy stage to record
+  // after its copy (owned by the ring, valid for the ring's lifetime); nullptr otherwise.
+  CudaEvent* begin_copy(uint32_t slot);
   // kCopying -> kFree, once the copy no longer reads the slot. Safe to call from a CUDA host
   // callback (it calls no CUDA function).
   void copy_finished(uint32_t slot);
@@ -126,25 +162,20 @@ class SlotRing {
   std::vector<size_t> count_states() const;
   // Wakes every thread blocked in acquire(); later acquires return nullopt.
   void close();
-  bool closed() const { return closed_.load(std::memory_order_acquire); }
+  bool closed() const;
 
  private:
-  struct Slot {
-    std::atomic<SlotState> state{SlotState::kFree};
-    void* event = nullptr;  // cudaEvent_t when pinned
-  };
-  void transition(uint32_t slot, SlotState from, SlotState to);
-  void push_free(uint32_t slot);
-  std::optional<uint32_t> pop_free();
+  // The machinery: slot states, events, the free queue and its semaphore (pinned.cpp).
+  struct Impl;
 
+  // The layout, fixed at construction and read without synchronization (field() is on the
+  // workers' hot path, so it stays inline).
   HostBuffer memory_;
   std::vector<size_t> offsets_;
   std::vector<size_t> field_bytes_;
   size_t slot_bytes_ = 0;
-  std::vector<Slot> slots_;
-  boost::lockfree::queue<uint32_t> free_;
-  Semaphore free_count_{0};
-  std::atomic<bool> closed_{false};
+  size_t slots_ = 0;
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace conveyor

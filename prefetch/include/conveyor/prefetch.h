@@ -9,13 +9,19 @@
 // while the consumer may still use them.
 //
 // CopyEngine is the interface the loader drives; tests substitute a host-side engine whose copies
-// finish late, to prove that no slot is reused before its copy is done.
+// finish late, to prove that no slot is reused before its copy is done. The slot's event travels
+// as a CudaEvent* (conveyor/pinned.h), owned by the slot ring; null means no event.
 //
 // Requires: the host tensors passed to start() stay unchanged until on_finished runs; on_finished
 // does not throw (it runs on a CUDA callback thread).
 // Guarantees: on_finished runs exactly once per start(), after the copy stopped reading the host
 // memory, also when start() throws (then before start() returns). Destroying an engine waits for
-// its outstanding copies and callbacks.
+// its outstanding copies and callbacks. resolve_device() refuses a device that cannot be used
+// with std::invalid_argument naming it. This header compiles as C++17 and includes no CUDA header.
+// Thread safety: a CopyEngine's member functions are called from one thread at a time (the
+// loader's consumer thread); an engine need not support concurrent calls. on_finished may run on
+// another thread (a CUDA callback thread). resolve_device(), make_cuda_copy_engine() and
+// normalize_images() may be called from any thread.
 #pragma once
 
 #include <functional>
@@ -26,18 +32,21 @@
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
+#include "conveyor/pinned.h"
+
 namespace conveyor {
 
 class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
   // Starts copying `host` to the engine's device and returns the destination tensors, whose
-  // content is valid only after make_visible(). `event` is the slot's CUDA event (may be null for
-  // non-CUDA engines).
-  virtual std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, void* event,
+  // content is valid only after make_visible(). `event` is the slot's CUDA event, recorded after
+  // the copy; null when there is none (pageable memory, non-CUDA engines).
+  virtual std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, CudaEvent* event,
                                         std::function<void()> on_finished) = 0;
-  // Orders the caller's later work after the copy that produced `device`.
-  virtual void make_visible(std::vector<at::Tensor>& device, void* event) = 0;
+  // Orders the caller's later work after the copy that produced `device`; `event` is the one
+  // given to start() for it (or null).
+  virtual void make_visible(std::vector<at::Tensor>& device, CudaEvent* event) = 0;
   virtual c10::Device device() const = 0;
   // Throws if the engine can no longer finish its copies (e.g. a sticky CUDA error), so that a
   // loader waiting for a slot reports it instead of waiting forever.

@@ -1,4 +1,8 @@
-// conveyor/semaphore.h: the counting semaphore that goes with each lock-free index queue.
+// conveyor/internal/semaphore.h: the counting semaphore that goes with each lock-free index queue.
+//
+// Machinery, not a public header: it lives in pinned/internal/, which is on the build's include
+// path only and is not installed, so no public header may include it. The slot ring (pinned.cpp)
+// and the loader's engine use it.
 //
 // What it is for: a stage pushes an index (a slot, a job) into a Boost.Lockfree queue and then
 // releases one permit; the next stage acquires a permit and then pops, so a permit always stands
