@@ -13,9 +13,8 @@
 //   for (int epoch = 0; epoch < 90; ++epoch)
 //     for (conveyor::Batch& batch : loader) train_step(batch.images(), batch.labels());
 //
-// Requires: one consumer thread iterates a loader; the SampleSource is safe to call from the
-// workers as SampleSource documents.
-// Guarantees:
+// Requires: C++17 or later. One consumer thread iterates a loader; the SampleSource is safe to call
+// from the workers as SampleSource documents. Guarantees:
 //   * Each begin() starts a new epoch (0, 1, 2, ...). Within an epoch every index the sampler
 //     yields is delivered exactly once (or, with ErrorPolicy::kSkip, replaced by a substitute and
 //     counted in stats().skipped). With enforce_ordering (the default) batches come in sampler
@@ -31,26 +30,23 @@
 //     epoch and starts the next one; destroying the loader mid-epoch returns promptly; neither
 //     leaks a thread, a stream or pinned memory. (torch::data instead rejects a second begin()
 //     while batches are in flight; Conveyor deliberately allows it.)
+// Thread safety: a DataLoader and its iterators are used by one thread at a time (the consumer);
+// the worker threads are the loader's own.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <exception>
+#include <iterator>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
-#include "conveyor/internal/semaphore.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
-#include <boost/lockfree/queue.hpp>
 
 #include "conveyor/datasets.h"
 #include "conveyor/pinned.h"
@@ -238,15 +234,16 @@ class DataLoader {
   void start_epoch();
   // Makes the next begin() start `epoch` instead of the one after the current: to resume
   // training, or to follow an outside epoch counter (PyTorch's DistributedSampler.set_epoch).
-  void set_epoch(uint64_t epoch) { next_epoch_ = epoch; }
+  void set_epoch(uint64_t epoch);
 
   // Stops the workers and releases the copy stage; the loader yields nothing afterwards.
   void join();
 
-  uint64_t epoch() const { return epoch_; }
+  uint64_t epoch() const;
   size_t batches_per_epoch() const;
-  size_t workers() const { return workers_.size(); }
-  const LoaderOptions& options() const { return options_; }
+  size_t workers() const;
+  // The options as resolved (defaults filled in: workers, slots, chunk_size, ...).
+  const LoaderOptions& options() const;
   size_t pinned_bytes() const;  // bytes of the slot ring (pinned or not)
   bool is_pinned() const;
   // One line saying which path is in use: GPU copy stage, or CPU only (and why).
@@ -254,73 +251,8 @@ class DataLoader {
   LoaderStats stats() const;
 
  private:
-  struct SlotMeta;
-  struct Shared;
-  struct Staged;
-  void worker_loop(size_t worker);
-  std::string describe(size_t index) const;  // the source's name for a sample; never throws
-  void fill(size_t worker, uint32_t job);
-  bool write_with_policy(size_t worker, size_t row, size_t index, std::byte* const* rows,
-                         SlotMeta& meta);
-  void record_failure(SlotMeta& meta, size_t row, size_t index, std::exception_ptr error);
-  void dispatch(uint32_t slot);
-  void top_up();
-  void dispatch_blocking();
-  size_t wanted() const;
-  uint32_t take_next(bool blocking);
-  bool take_ready(uint32_t& slot);
-  void cancel_epoch();
-  Batch host_batch(uint32_t slot, bool zero_copy);
-  std::vector<at::Tensor> slot_views(uint32_t slot, size_t rows) const;
-  void stage_copies(bool need_one);
-  [[noreturn]] void raise_failure(const SlotMeta& meta);
-
-  std::shared_ptr<SampleSource> source_;
-  std::vector<FieldSpec> fields_;
-  std::vector<size_t> field_bytes_;
-  LoaderOptions options_;
-  std::unique_ptr<Sampler> sampler_;
-  std::shared_ptr<Shared> shared_;      // the ring and counters that outlive the loader while held
-  std::unique_ptr<CopyEngine> engine_;  // destroyed before shared_ (it waits for its callbacks)
-  std::vector<std::unique_ptr<SlotMeta>> meta_;
-
-  // Stage to stage, lock-free: the consumer dispatches a batch by writing its slot's SlotMeta and
-  // pushing one job per chunk (slot * chunks_ + chunk) to jobs_; workers fill the chunks, and the
-  // worker that finishes a batch's last chunk pushes the slot to completed_.
-  size_t chunks_ = 1;  // chunks per full batch
-  boost::lockfree::queue<uint32_t> jobs_;
-  Semaphore jobs_count_{0};
-  boost::lockfree::queue<uint32_t> completed_;
-  Semaphore completed_count_{0};
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> generation_{0};  // changes when an epoch starts or is cancelled
-  std::vector<size_t> order_;            // written only while no batch is dispatched
-
-  // Consumer-only state.
-  uint64_t epoch_ = 0;
-  bool started_ = false;
-  size_t num_batches_ = 0;
-  size_t dispatched_ = 0;         // batches handed to workers this epoch
-  size_t collected_ = 0;          // of those, taken back (completed_ or cancelled) by the consumer
-  size_t next_sequence_ = 0;      // next batch to hand out (ordered) / count handed out (unordered)
-  size_t next_stage_ = 0;         // next batch to stage on the device
-  std::vector<int64_t> reorder_;  // sequence % slots -> slot, -1 when absent
-  std::deque<std::unique_ptr<Staged>> staged_;
-  bool joined_ = false;
-  std::exception_ptr deferred_failure_;  // a prefetch failure, reported by the next next()
-  std::optional<uint64_t> next_epoch_;   // set by set_epoch()
-
-  // Statistics.
-  std::atomic<uint64_t> fill_ns_{0};
-  std::atomic<uint64_t> errors_{0};
-  uint64_t batches_ = 0, samples_ = 0;
-  double wait_seconds_ = 0, copy_issue_seconds_ = 0;
-  uint64_t copies_to_host_ = 0;
-  mutable std::mutex skipped_mutex_;
-  std::vector<SkippedSample> skipped_samples_;
-  uint64_t skipped_ = 0;
-
-  std::vector<std::jthread> workers_;  // last: joined first on destruction
+  class Impl;  // loader/src/engine.h: the engine's threads, queues and slots
+  std::unique_ptr<Impl> impl_;
 };
 
 class DataLoader::Iterator {

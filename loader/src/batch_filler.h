@@ -1,0 +1,118 @@
+// loader/src/batch_filler.h (detail): the worker side of the engine: writing samples into a slot.
+//
+// SlotMeta: what one batch slot is carrying: written by the consumer before it queues the batch's
+// jobs (sequence, generation, epoch, the number of rows, `remaining`), then by the workers that
+// fill its chunks (their own rows of `indices`, and the failure fields).
+// BatchFiller: fills one chunk (a run of rows) of a slot's batch, under the ErrorPolicy.
+//
+// Invariants:
+//   * A worker writes only the rows of its chunk; the consumer does not touch a slot's meta or rows
+//     between queuing its jobs and getting the slot back (from the completed queue, or by taking
+//     back its last unstarted job when cancelling).
+//   * `remaining` counts unfinished chunks; the thread whose fetch_sub (acq_rel) takes it to zero
+//     has seen every other chunk's writes, and owns the slot from then on: it marks the slot kReady
+//     (a whole, unfailed, uncancelled batch) and hands it back to the consumer.
+//   * The batch's error is the one of its lowest failing row (failed_row), whichever chunk failed
+//     first, so a batch fails the same way with any number of workers and chunks. Rows after a
+//     known failure are not written; rows before it still are, as one of them may fail first.
+//   * A chunk stops at the next sample once the loader's generation differs from the batch's (an
+//     epoch cancelled or the loader joined), and marks the batch cancelled.
+// Thread safety: fill() runs on many workers at once, each on different chunks; errors(),
+// fill_seconds() and skipped() may be read from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "conveyor/datasets.h"
+#include "conveyor/loader.h"
+#include "conveyor/pinned.h"
+#include "options.h"
+
+namespace conveyor::detail {
+
+struct SlotMeta {
+  static constexpr size_t kNoFailure = SIZE_MAX;
+
+  size_t sequence = 0;
+  uint64_t generation = 0;
+  uint64_t epoch = 0;
+  std::vector<size_t> indices;       // one per row; reserved to batch_size once: never reallocates
+  std::atomic<size_t> remaining{0};  // chunks not finished
+  std::atomic<bool> cancelled{false};
+  std::atomic<size_t> failed_row{kNoFailure};  // the lowest failing row
+  std::mutex error_mutex;                      // taken only when a sample fails for good
+  std::exception_ptr error;
+  size_t error_index = 0;
+  std::string error_path;
+  std::string error_message;
+
+  bool failed() const { return failed_row.load() != kNoFailure; }
+  // Prepares the meta for a new batch of `rows` rows in `chunks` chunks (consumer, before queuing).
+  void reset(size_t sequence, uint64_t generation, uint64_t epoch, size_t rows, size_t chunks);
+};
+
+// The samples skipped under ErrorPolicy::kSkip: a count and the first kMaxRecords records.
+class SkipLog {
+ public:
+  static constexpr size_t kMaxRecords = 1000;
+  void add(SkippedSample record);
+  uint64_t count() const;
+  std::vector<SkippedSample> records() const;
+
+ private:
+  mutable std::mutex mutex_;
+  uint64_t count_ = 0;
+  std::vector<SkippedSample> records_;
+};
+
+class BatchFiller {
+ public:
+  static constexpr size_t kMaxFields = 16;  // fields per sample
+
+  // `order`: the epoch's sampler order, batch s holding order[s * batch_size, ...); `generation`:
+  // the loader's current generation. Both are owned by the engine and outlive the filler; order is
+  // rewritten only while no batch is dispatched.
+  BatchFiller(SampleSource& source, SlotRing& ring, const ResolvedOptions& options,
+              const std::vector<size_t>& order, const std::atomic<uint64_t>& generation);
+
+  // Writes chunk `chunk` of the batch in `slot` (described by `meta`). Returns true when this was
+  // the batch's last unfinished chunk: the caller then owns the slot and hands it to the consumer
+  // (the slot is kReady if the batch can be delivered, still kFilling if it failed or was
+  // cancelled).
+  bool fill(size_t worker, uint32_t slot, size_t chunk, SlotMeta& meta);
+  // Counts one finished chunk that was never filled (a job taken back when cancelling). Returns
+  // true when it was the batch's last: the caller owns the slot.
+  static bool abandon(SlotMeta& meta);
+
+  uint64_t errors() const { return errors_.load(); }
+  double fill_seconds() const { return static_cast<double>(fill_ns_.load()) * 1e-9; }
+  const SkipLog& skipped() const { return skipped_; }
+  // The source's name for a sample (its file, for images); never throws.
+  std::string describe(size_t index) const;
+
+ private:
+  bool write_with_policy(size_t worker, size_t row, size_t index, std::byte* const* rows,
+                         SlotMeta& meta);
+  void record_failure(SlotMeta& meta, size_t row, size_t index, std::exception_ptr error);
+
+  SampleSource& source_;
+  SlotRing& ring_;
+  const ResolvedOptions& options_;
+  const std::vector<size_t>& order_;
+  const std::atomic<uint64_t>& generation_;
+  std::vector<size_t> field_bytes_;  // bytes of one sample of each field
+  std::atomic<uint64_t> errors_{0};
+  std::atomic<uint64_t> fill_ns_{0};
+  SkipLog skipped_;
+};
+
+// What an exception says (what(), or a note that it is not a std::exception).
+std::string exception_message(const std::exception_ptr& error);
+
+}  // namespace conveyor::detail

@@ -1,0 +1,347 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "invariant.h"
+
+namespace conveyor {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, const LoaderOptions& options,
+                       std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine)
+    : source_(std::move(source)),
+      options_(detail::resolve_options(options, /*check_device=*/!copy_engine)),
+      sampler_(sampler ? std::move(sampler) : SequentialSampler::make()),
+      jobs_(options_.slots, options_.chunks_per_batch),
+      completed_(options_.slots),
+      reorder_(options_.slots) {
+  if (!source_) throw std::invalid_argument("conveyor: DataLoader needs a SampleSource");
+  fields_ = source_->fields();
+  if (fields_.empty() || fields_.size() > detail::BatchFiller::kMaxFields) {
+    throw std::invalid_argument("conveyor: a source must have 1 to 16 fields");
+  }
+  if (!copy_engine && options_.device.is_cuda()) {
+    copy_engine = make_cuda_copy_engine(options_.device);
+  }
+  SlotRing::Options ring;
+  ring.slots = options_.slots;
+  for (const auto& f : fields_) {
+    ring.layout.field_bytes.push_back(f.sample_bytes() * options_.batch_size);
+  }
+  // The ring is pinned when batches are copied to a CUDA device (required for asynchronous
+  // copies), on that device. CPU batches view pageable slots; pin_memory then hands them out as
+  // copies in LibTorch's pinned host memory, whose non_blocking copies LibTorch tracks.
+  const bool to_cuda = copy_engine && copy_engine->device().is_cuda();
+  ring.memory = to_cuda ? HostBuffer::Kind::kAuto : HostBuffer::Kind::kPageable;
+  if (to_cuda && copy_engine->device().has_index()) {
+    ring.cuda_device = copy_engine->device().index();
+  }
+  shared_ = std::make_shared<detail::SharedRing>(std::move(ring));
+  if (copy_engine) {
+    stager_ =
+        std::make_unique<detail::DeviceStager>(std::move(copy_engine), options_.prefetch_factor);
+  } else {
+    host_.emplace(shared_, fields_, options_.pin_memory);
+  }
+  for (size_t i = 0; i < options_.slots; ++i) {
+    meta_.push_back(std::make_unique<detail::SlotMeta>());
+    meta_.back()->indices.reserve(options_.batch_size);
+  }
+  filler_ =
+      std::make_unique<detail::BatchFiller>(*source_, shared_->ring, options_, order_, generation_);
+  source_->prepare(options_.workers);
+  try {
+    for (size_t w = 0; w < options_.workers; ++w) {
+      workers_.emplace_back([this, w] { worker_loop(w); });
+    }
+  } catch (...) {  // no destructor will run: stop the workers already started
+    jobs_.stop(workers_.size());
+    workers_.clear();
+    throw;
+  }
+}
+
+DataLoader::Impl::~Impl() { join(); }
+
+void DataLoader::Impl::join() {
+  if (joined_) return;
+  joined_ = true;
+  generation_.fetch_add(1);  // workers abandon their batch at the next sample
+  jobs_.stop(workers_.size());
+  shared_->ring.close();
+  workers_.clear();  // joins
+  stager_.reset();   // drops staged batches, then waits for outstanding copies and callbacks
+}
+
+size_t DataLoader::Impl::batches_per_epoch() const {
+  std::vector<size_t> order;
+  sampler_->indices(source_->size(), epoch_, order);
+  const size_t b = options_.batch_size;
+  return options_.drop_last ? order.size() / b : (order.size() + b - 1) / b;
+}
+
+std::string DataLoader::Impl::mode() const {
+  const std::string ring = std::string(is_pinned() ? "pinned" : "pageable") + " host ring of " +
+                           std::to_string(shared_->ring.slots()) + " slots";
+  if (stager_) return ring + ", side-stream copies to " + stager_->engine().device().str();
+  const std::string why = cuda_available() ? "device is cpu" : "no CUDA device is usable";
+  return "CPU only (" + why + "): " + ring + ", no copy stage";
+}
+
+LoaderStats DataLoader::Impl::stats() const {
+  LoaderStats s;
+  s.batches = batches_;
+  s.samples = samples_;
+  s.errors = filler_->errors();
+  s.fill_seconds = filler_->fill_seconds();
+  s.wait_seconds = wait_seconds_;
+  s.copy_issue_seconds = copy_issue_seconds_;
+  s.copies_to_host = host_ ? host_->copies_to_host() : 0;
+  s.slot_states = shared_->ring.count_states();
+  s.skipped = filler_->skipped().count();
+  s.skipped_samples = filler_->skipped().records();
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Workers
+
+void DataLoader::Impl::worker_loop(size_t worker) {
+  while (std::optional<detail::Job> job = jobs_.wait()) {
+    // The slot's meta was written before its jobs were queued.
+    if (filler_->fill(worker, job->slot, job->chunk, *meta_[job->slot])) completed_.push(job->slot);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer: dispatch, collect, cancel
+
+void DataLoader::Impl::start_epoch() {
+  if (joined_) detail::throw_joined();
+  // The new order is made and checked before anything changes, so a throwing sampler leaves the
+  // current epoch as it was.
+  const uint64_t epoch = next_epoch_ ? *next_epoch_ : started_ ? epoch_ + 1 : epoch_;
+  std::vector<size_t> order;
+  sampler_->indices(source_->size(), epoch, order);
+  for (size_t index : order) {
+    if (index >= source_->size()) {
+      throw std::out_of_range("conveyor: the sampler yielded index " + std::to_string(index) +
+                              " but the dataset has " + std::to_string(source_->size()) +
+                              " samples");
+    }
+  }
+  if (started_) cancel_epoch();
+  next_epoch_.reset();
+  epoch_ = epoch;
+  started_ = true;
+  order_.swap(order);  // no batch is dispatched now, so no worker reads order_
+  const size_t b = options_.batch_size;
+  num_batches_ = options_.drop_last ? order_.size() / b : (order_.size() + b - 1) / b;
+  generation_.fetch_add(1);
+  dispatched_ = 0;
+  collected_ = 0;
+  next_sequence_ = 0;
+  next_stage_ = 0;
+  deferred_failure_ = nullptr;
+  top_up();
+}
+
+void DataLoader::Impl::dispatch(uint32_t slot) {
+  CONVEYOR_DEBUG_CHECK(dispatched_ - next_sequence_ < options_.slots,
+                       "at most `slots` batches are dispatched and not handed out");
+  const size_t sequence = dispatched_++;
+  const size_t first = sequence * options_.batch_size;
+  const size_t rows = std::min(order_.size() - first, options_.batch_size);
+  const size_t chunks = (rows + options_.chunk_size - 1) / options_.chunk_size;
+  meta_[slot]->reset(sequence, generation_.load(), epoch_, rows, chunks);
+  jobs_.push_batch(slot, chunks);  // after the meta: a worker that pops a job sees it
+}
+
+// Hands every free slot a batch, in order, without blocking.
+void DataLoader::Impl::top_up() {
+  while (dispatched_ < num_batches_) {
+    std::optional<uint32_t> slot = shared_->ring.try_acquire();
+    if (!slot) return;
+    dispatch(*slot);
+  }
+}
+
+// Waits for a free slot and dispatches the next batch. A slot always comes: the user never holds
+// every slot (see HostBatches) and copies finish on their own.
+void DataLoader::Impl::dispatch_blocking() {
+  // Wait in short steps so that a copy stage that can no longer finish (a sticky CUDA error)
+  // becomes an exception instead of a hang.
+  const auto deadline =
+      options_.timeout ? Clock::now() + *options_.timeout : Clock::time_point::max();
+  for (;;) {
+    auto step = std::chrono::milliseconds(200);
+    if (options_.timeout) {
+      step = std::min(step, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                std::max(deadline - Clock::now(), Clock::duration::zero())));
+    }
+    if (std::optional<uint32_t> slot = shared_->ring.try_acquire_for(step)) {
+      dispatch(*slot);
+      return;
+    }
+    if (shared_->ring.closed()) detail::throw_joined();
+    if (stager_) stager_->engine().check();
+    if (Clock::now() >= deadline) {
+      throw TimeoutError("conveyor: no batch slot came free within " +
+                         std::to_string(options_.timeout->count()) + " ms (batch " +
+                         std::to_string(dispatched_) + " of epoch " + std::to_string(epoch_) + ")");
+    }
+  }
+}
+
+void DataLoader::Impl::cancel_epoch() {
+  generation_.fetch_add(1);  // workers abandon their batch at the next sample
+  // Take back the jobs no worker started, then wait for the batches still being filled. A batch
+  // whose last chunk is taken back here is collected here; otherwise the worker filling its last
+  // chunk pushes it to completed_.
+  while (std::optional<detail::Job> job = jobs_.try_take_back()) {
+    if (detail::BatchFiller::abandon(*meta_[job->slot])) {
+      ++collected_;
+      shared_->ring.release(job->slot);
+    }
+  }
+  while (collected_ < dispatched_) {
+    const uint32_t slot = completed_.pop();
+    ++collected_;
+    shared_->ring.release(slot);
+  }
+  reorder_.clear([this](uint32_t slot) { shared_->ring.release(slot); });
+  if (stager_) stager_->clear();  // their slots come back through the copy callbacks
+}
+
+size_t DataLoader::Impl::wanted() const { return stager_ ? next_stage_ : next_sequence_; }
+
+// The slot of the next batch to hand out (ordered: the wanted sequence; unordered: whichever
+// completes), dispatching as needed. Non-blocking: nullopt when none is ready now.
+std::optional<uint32_t> DataLoader::Impl::take_next(bool blocking) {
+  for (;;) {
+    if (options_.enforce_ordering) {
+      if (std::optional<uint32_t> slot = reorder_.take(wanted())) return slot;
+    }
+    top_up();
+    // Nothing that could deliver the wanted batch is in flight: dispatch it.
+    const bool in_flight =
+        options_.enforce_ordering ? wanted() < dispatched_ : collected_ < dispatched_;
+    if (!in_flight) {
+      if (!blocking) return std::nullopt;
+      dispatch_blocking();
+      continue;
+    }
+    std::optional<uint32_t> popped;
+    if (!blocking) {
+      popped = completed_.try_pop();
+      if (!popped) return std::nullopt;
+    } else if (options_.timeout) {
+      popped = completed_.pop_for(*options_.timeout);
+      if (!popped) {
+        throw TimeoutError("conveyor: no batch arrived within " +
+                           std::to_string(options_.timeout->count()) + " ms (waiting for batch " +
+                           std::to_string(wanted()) + " of epoch " + std::to_string(epoch_) + ", " +
+                           std::to_string(workers_.size()) + " workers)");
+      }
+    } else {
+      popped = completed_.pop();
+    }
+    ++collected_;
+    if (!options_.enforce_ordering) return popped;
+    reorder_.put(meta_[*popped]->sequence, *popped);
+  }
+}
+
+void DataLoader::Impl::raise_failure(const detail::SlotMeta& meta) const {
+  if (meta.cancelled) {
+    throw std::logic_error("conveyor: internal error: a cancelled batch reached the consumer");
+  }
+  throw SampleError("conveyor: sample " + std::to_string(meta.error_index) + " (" +
+                        meta.error_path + ") failed in batch " + std::to_string(meta.sequence) +
+                        " of epoch " + std::to_string(meta.epoch) + ": " + meta.error_message,
+                    meta.error_index, meta.error_path, meta.error);
+}
+
+std::exception_ptr DataLoader::Impl::take_failure(uint32_t slot) {
+  std::exception_ptr failure;
+  try {
+    raise_failure(*meta_[slot]);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  shared_->ring.release(slot);
+  return failure;
+}
+
+detail::BatchHeader DataLoader::Impl::header(uint32_t slot) const {
+  const detail::SlotMeta& meta = *meta_[slot];
+  return {meta.indices, meta.epoch, meta.sequence};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer: hand out
+
+void DataLoader::Impl::stage_copies(bool need_one) {
+  while (!stager_->full() && next_stage_ < num_batches_) {
+    const bool block = need_one && stager_->empty();
+    const auto t_wait = Clock::now();
+    std::optional<uint32_t> slot = take_next(block);
+    if (block) wait_seconds_ += seconds_since(t_wait);
+    if (!slot) return;
+    ++next_stage_;
+    const auto t0 = Clock::now();
+    const detail::SlotMeta& meta = *meta_[*slot];
+    if (meta.failed() || meta.cancelled) {
+      stager_->stage_failure(take_failure(*slot));
+    } else {
+      std::vector<at::Tensor> views =
+          detail::slot_views(shared_->ring, *slot, fields_, meta.indices.size());
+      detail::SlotEvent event = shared_->ring.begin_copy(*slot);
+      stager_->stage(detail::empty_batch(header(*slot), fields_), views, event,
+                     [shared = shared_, s = *slot] { shared->ring.copy_finished(s); });
+    }
+    copy_issue_seconds_ += seconds_since(t0);
+  }
+}
+
+std::optional<Batch> DataLoader::Impl::next() {
+  if (joined_) detail::throw_joined();
+  if (!started_) start_epoch();
+  if (next_sequence_ >= num_batches_) return std::nullopt;
+  if (stager_) {
+    if (deferred_failure_) std::rethrow_exception(std::exchange(deferred_failure_, nullptr));
+    stage_copies(/*need_one=*/true);
+    ++next_sequence_;
+    Batch batch = stager_->deliver();
+    try {
+      stage_copies(/*need_one=*/false);  // keep the device prefetch_factor batches ahead
+    } catch (...) {
+      deferred_failure_ = std::current_exception();  // this batch is good: report it next time
+    }
+    ++batches_;
+    samples_ += batch.size();
+    return batch;
+  }
+  const auto t_wait = Clock::now();
+  const std::optional<uint32_t> slot = take_next(/*blocking=*/true);
+  wait_seconds_ += seconds_since(t_wait);
+  CONVEYOR_CHECK(slot.has_value(), "a blocking take returns a slot or throws");
+  ++next_sequence_;
+  const detail::SlotMeta& meta = *meta_[*slot];
+  if (meta.failed() || meta.cancelled) std::rethrow_exception(take_failure(*slot));
+  Batch batch = host_->make(*slot, header(*slot));
+  ++batches_;
+  samples_ += batch.size();
+  return batch;
+}
+
+}  // namespace conveyor
