@@ -1,0 +1,289 @@
+// conveyor/detail/torch_data_collated.h: the drop-in's collated path (detail; included by
+// conveyor/torch_data.h after its public types, never directly).
+//
+// What it is for: a per-sample torch dataset mapped with Stack<>() runs on conveyor::DataLoader:
+// each worker calls get() on its own copy of the dataset and copies the sample's tensors into its
+// row of a batch slot, so the collate writes straight into (pinned) slot memory.
+//
+// Requires: the dataset is copyable and its copies usable concurrently; every sample's tensors
+// are CPU tensors with the shapes and dtypes of the sample the probe read.
+// Guarantees: the shapes are learnt on a background thread that the loader owns (CollatedEngine),
+// waited for at most `timeout`; a failure there is reported as the failure of that sample, in
+// its batch and epoch, as a worker's would be, and that batch is not reported twice.
+// Thread safety: CollatedDataLoader is used by one consumer thread; TorchExampleSource's
+// write_sample is called by the workers, each on its own copy of the dataset.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <torch/data.h>
+
+namespace conveyor {
+namespace detail {
+
+namespace td = torch::data;
+
+// --- Which datasets the collated path can take.
+
+// A Dataset<D, E> whose get_batch is torch's default (get() per index).
+template <typename D, typename = void>
+struct IsPlainExampleDataset : std::false_type {};
+template <typename D>
+struct IsPlainExampleDataset<D, std::void_t<typename D::ExampleType, decltype(&D::get_batch)>>
+    : std::conjunction<std::is_base_of<td::datasets::Dataset<D, typename D::ExampleType>, D>,
+                       std::is_same<decltype(&D::get_batch),
+                                    std::vector<typename D::ExampleType> (
+                                        td::datasets::Dataset<D, typename D::ExampleType>::*)(
+                                        c10::ArrayRef<size_t>)>> {};
+
+// An example-level Transform<In, Out> whose apply_batch is torch's default (apply() per example).
+template <typename T, typename In, typename = void>
+struct IsExampleTransform : std::false_type {};
+template <typename T, typename In>
+struct IsExampleTransform<
+    T, In, std::void_t<typename T::InputType, typename T::OutputType, decltype(&T::apply_batch)>>
+    : std::conjunction<std::is_same<typename T::InputType, In>,
+                       std::is_base_of<td::transforms::Transform<In, typename T::OutputType>, T>,
+                       std::is_same<decltype(&T::apply_batch),
+                                    std::vector<typename T::OutputType> (
+                                        td::transforms::Transform<In, typename T::OutputType>::*)(
+                                        std::vector<In>)>> {};
+
+// PerSample<D>::get(d, i): sample i of a per-sample dataset, through its example transforms.
+template <typename D, typename = void>
+struct PerSample {
+  static constexpr bool value = false;
+};
+template <typename D>
+struct PerSample<D, std::enable_if_t<IsPlainExampleDataset<D>::value>> {
+  static constexpr bool value = true;
+  using Example = typename D::ExampleType;
+  static Example get(D& dataset, size_t index) { return dataset.get(index); }
+};
+template <typename S, typename T>
+struct PerSample<td::datasets::MapDataset<S, T>,
+                 std::enable_if_t<IsExampleTransform<T, typename PerSample<S>::Example>::value>> {
+  static constexpr bool value = true;
+  using Example = typename T::OutputType;
+  static Example get(td::datasets::MapDataset<S, T>& dataset, size_t index) {
+    // MapDataset exposes its parts as const; this copy belongs to the calling thread.
+    auto& inner = const_cast<S&>(dataset.dataset());
+    auto& transform = const_cast<T&>(dataset.transform());
+    return transform.apply(PerSample<S>::get(inner, index));
+  }
+};
+
+// Collated<D>: D is a per-sample dataset mapped with Stack<Example<>> or Stack<TensorExample>.
+template <typename D, typename = void>
+struct Collated {
+  static constexpr bool value = false;
+};
+template <typename S, typename E>
+struct Collated<
+    td::datasets::MapDataset<S, td::transforms::Stack<E>>,
+    std::enable_if_t<std::is_same_v<typename PerSample<S>::Example, E> &&
+                     (std::is_same_v<E, td::Example<>> || std::is_same_v<E, td::TensorExample>)>> {
+  static constexpr bool value = true;
+  static constexpr bool has_target = std::is_same_v<E, td::Example<>>;
+  using Inner = S;
+};
+
+// --- The dataset and the sampler as Conveyor sees them.
+
+// The spec of field `name` from `tensor`, a field of sample `index`; throws unless a CPU tensor.
+FieldSpec probe_field(const at::Tensor& tensor, const char* name, size_t index);
+// Checks `tensor` (field of sample `index`) against `spec`, learnt from sample `probed_index`,
+// throwing with both indices when it differs, and copies its bytes to `out`.
+void write_tensor(const at::Tensor& tensor, const FieldSpec& spec, size_t index,
+                  size_t probed_index, std::byte* out);
+
+// A SampleSource whose fields are learnt by reading one of its samples (a torch dataset).
+class ProbedSource : public SampleSource {
+ public:
+  // Returns the field specs of sample `index`, or throws what the dataset threw.
+  using FieldReader = std::function<std::vector<FieldSpec>(size_t index)>;
+  // A reader that owns a copy of the dataset, made now by the calling thread, for another thread
+  // to run.
+  virtual FieldReader field_reader() const = 0;
+  // The fields every sample must have, learnt from sample `index`. Set once, before the engine is
+  // built (so before any worker runs).
+  void set_fields(std::vector<FieldSpec> fields, size_t index);
+  // Throws std::logic_error before set_fields.
+  std::vector<FieldSpec> fields() const override;
+
+ protected:
+  const std::vector<FieldSpec>& specs() const { return specs_; }
+  size_t probed_index() const { return probed_index_; }
+
+ private:
+  std::vector<FieldSpec> specs_;
+  size_t probed_index_ = 0;
+};
+
+// A per-sample torch dataset seen as a SampleSource: one copy of the dataset per worker.
+template <typename D>
+class TorchExampleSource final : public ProbedSource {
+  using Traits = Collated<D>;
+  using Inner = typename Traits::Inner;
+
+ public:
+  TorchExampleSource(D dataset, size_t size) : prototype_(std::move(dataset)), size_(size) {}
+  size_t size() const override { return size_; }
+  FieldReader field_reader() const override {
+    return [dataset = prototype_](size_t index) mutable {
+      auto example = PerSample<Inner>::get(inner(dataset), index);
+      std::vector<FieldSpec> specs{probe_field(example.data, "data", index)};
+      if constexpr (Traits::has_target) {
+        specs.push_back(probe_field(example.target, "target", index));
+      }
+      return specs;
+    };
+  }
+  void prepare(size_t workers) override {
+    copies_.clear();
+    copies_.reserve(workers);
+    for (size_t w = 0; w < workers; ++w) copies_.push_back(prototype_);
+  }
+  void write_sample(const SampleContext& ctx, std::byte* const* fields) override {
+    auto example = PerSample<Inner>::get(inner(copies_[ctx.worker]), ctx.index);
+    write_tensor(example.data, specs()[0], ctx.index, probed_index(), fields[0]);
+    if constexpr (Traits::has_target) {
+      write_tensor(example.target, specs()[1], ctx.index, probed_index(), fields[1]);
+    }
+  }
+  std::string describe(size_t index) const override {
+    return "index " + std::to_string(index) + " of the torch dataset";
+  }
+
+ private:
+  static Inner& inner(D& dataset) { return const_cast<Inner&>(dataset.dataset()); }
+  D prototype_;
+  size_t size_;
+  std::vector<D> copies_;
+};
+
+// A torch sampler as a conveyor::Sampler: each epoch, reset() and then next(batch_size) until it
+// is exhausted, as torch's loader does; the indices are kept for the epoch, so the shape probe
+// and the engine see the same order. Called by the consumer thread only.
+template <typename S>
+class TorchSamplerAdapter final : public Sampler {
+ public:
+  TorchSamplerAdapter(S sampler, size_t batch_size)
+      : sampler_(std::move(sampler)), batch_size_(batch_size) {}
+  void indices(size_t, uint64_t epoch, std::vector<size_t>& out) const override {
+    if (epoch != cached_epoch_) {
+      cached_.clear();
+      sampler_.reset(std::nullopt);
+      while (auto request = sampler_.next(batch_size_)) {
+        if (request->empty()) break;
+        cached_.insert(cached_.end(), request->begin(), request->end());
+      }
+      cached_epoch_ = epoch;
+    }
+    out = cached_;
+  }
+
+ private:
+  mutable S sampler_;
+  size_t batch_size_;
+  mutable uint64_t cached_epoch_ = UINT64_MAX;
+  mutable std::vector<size_t> cached_;
+};
+
+// --- The engine and the loader.
+
+class TorchConventionEngine;  // conveyor/detail/torch_data_engine.h
+
+// The collated path's engine, type-erased. Until the tensors' shapes are known, a probe thread
+// owned by this object reads the first sample of the epoch's first batch not yet reported (the
+// first index of the sampler's order, at first) on its own copy of the dataset; the consumer
+// waits for it at most `timeout` per call. Then conveyor::DataLoader, behind
+// TorchConventionEngine, runs every epoch. Destruction waits for a probe in flight (one sample).
+class CollatedEngine {
+ public:
+  CollatedEngine(std::shared_ptr<ProbedSource> source, std::unique_ptr<Sampler> sampler,
+                 const DataLoaderOptions& options);
+  ~CollatedEngine();
+  CollatedEngine(const CollatedEngine&) = delete;
+  CollatedEngine& operator=(const CollatedEngine&) = delete;
+  void start_epoch();
+  std::optional<Batch> next();
+  void join();
+  LoaderStats stats() const;
+  std::string mode() const;
+
+ private:
+  struct ProbeOutcome {
+    std::vector<FieldSpec> fields;  // empty when every sample tried failed
+    size_t index = 0;               // the sample that told the fields, or the first that failed
+    size_t batch = 0;               // the batch of `index` in `epoch`
+    uint64_t epoch = 0;
+    std::exception_ptr error;  // the first failure
+  };
+  // Waits for the probe (starting one for the current epoch if none runs) until the engine is
+  // built; false when the current epoch has no batch left to deliver.
+  bool build_engine();
+  void start_probe();
+  [[noreturn]] void throw_probe_timeout() const;
+  [[noreturn]] void throw_probe_failure(const ProbeOutcome& outcome) const;
+
+  std::shared_ptr<ProbedSource> source_;
+  std::unique_ptr<Sampler> sampler_;  // until the engine is built
+  DataLoaderOptions options_;
+  bool joined_ = false;
+  // The current epoch, until the engine is built.
+  bool started_ = false;
+  uint64_t epoch_ = 0;
+  std::vector<size_t> order_;
+  size_t batches_ = 0;            // batches in the epoch
+  size_t next_batch_ = 0;         // the first batch whose failure was not yet reported
+  std::vector<size_t> reported_;  // samples whose failure the probe reported this epoch
+  uint64_t probe_epoch_ = 0;      // the probe in flight reads sample probe_index_ of batch
+  size_t probe_batch_ = 0;        // probe_batch_ in epoch probe_epoch_
+  size_t probe_index_ = 0;
+  std::unique_ptr<TorchConventionEngine> engine_;
+  std::future<ProbeOutcome> probe_;  // last: destroyed first, waiting for the sample read
+};
+
+template <typename D>
+class CollatedDataLoader final : public TorchDataLoader<typename D::BatchType> {
+  using BatchT = typename D::BatchType;
+
+ public:
+  template <typename S>
+  CollatedDataLoader(D dataset, size_t size, S sampler, const DataLoaderOptions& options)
+      : TorchDataLoader<BatchT>(options),
+        engine_(std::make_shared<TorchExampleSource<D>>(std::move(dataset), size),
+                std::make_unique<TorchSamplerAdapter<S>>(std::move(sampler), options.batch_size()),
+                options) {}
+  void join() override { engine_.join(); }
+  LoaderStats stats() const override { return engine_.stats(); }
+  std::string mode() const override { return engine_.mode(); }
+
+ protected:
+  void start_epoch() override { engine_.start_epoch(); }
+  std::optional<BatchT> next_batch() override {
+    std::optional<Batch> batch = engine_.next();
+    if (!batch) return std::nullopt;
+    if constexpr (Collated<D>::has_target) {
+      return BatchT(std::move(batch->fields[0]), std::move(batch->fields[1]));
+    } else {
+      return BatchT(std::move(batch->fields[0]));
+    }
+  }
+
+ private:
+  CollatedEngine engine_;
+};
+
+}  // namespace detail
+}  // namespace conveyor
