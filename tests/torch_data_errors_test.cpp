@@ -233,6 +233,26 @@ TEST(TorchDataErrors, SkipPolicySubstitutesAndRecordsTheSample) {
   EXPECT_NE(stats.skipped_samples[0].message.find("bad sample 3"), std::string::npos);
 }
 
+// Under kSkip the shapes come from the first sample that loads; the failing first sample is then
+// skipped by the workers like any other, and recorded once.
+TEST(TorchDataErrors, SkipPolicyLearnsTheShapesPastAFailingFirstSample) {
+  auto probe = std::make_shared<Probe>();
+  probe->fail_at = {0, 1};
+  auto ours = make_data_loader<td::samplers::SequentialSampler>(
+      stacked(10, probe), DataLoaderOptions(4).workers(2).on_error(ErrorPolicy::kSkip));
+  size_t rows = 0;
+  for (const auto& b : epoch_targets(*ours)) {
+    rows += b.size();
+    EXPECT_EQ(std::count(b.begin(), b.end(), 0), 0);
+    EXPECT_EQ(std::count(b.begin(), b.end(), 1), 0);
+  }
+  EXPECT_EQ(rows, 10u);
+  const LoaderStats stats = ours->stats();
+  EXPECT_EQ(stats.skipped, 2u);
+  ASSERT_EQ(stats.skipped_samples.size(), 2u);
+  EXPECT_EQ(stats.skipped_samples[0].index, 0u);
+}
+
 TEST(TorchDataErrors, SampleOfAnotherShapeNamesTheSample) {
   auto probe = std::make_shared<Probe>();
   probe->odd_shape_at = {6};

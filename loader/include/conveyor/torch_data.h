@@ -176,9 +176,9 @@ struct FullDataLoaderOptions {
 // ---------------------------------------------------------------------------------------------
 // Errors
 
-// A sample failed in a worker (collated path). Catch it as torch::data::WorkerException; what()
-// is torch's message followed by the sample index and the batch; original_exception is what the
-// dataset threw.
+// A sample failed in a worker, or in the shape probe (collated path and SampleSources). Catch it
+// as torch::data::WorkerException; what() is torch's message followed by the sample's index, its
+// batch and its epoch; original_exception is what the dataset threw.
 class WorkerError : public torch::data::WorkerException {
  public:
   // The message is torch's WorkerException message for `original`, then " (" + context + ")";
