@@ -299,7 +299,7 @@ TEST(TorchDataImages, ImageFolderThroughMakeDataLoader) {
     EXPECT_EQ(batches, 3u);
     EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), 10);
   }
-  EXPECT_EQ(loader->mode().rfind("collated", 0), 0u);
+  EXPECT_EQ(loader->mode().rfind("source: ", 0), 0u) << loader->mode();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,16 +8,6 @@
 
 namespace conveyor::detail {
 
-std::string exception_message(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception (not derived from std::exception)";
-  }
-}
-
 void SlotMeta::reset(size_t seq, uint64_t gen, uint64_t ep, size_t rows, size_t chunks) {
   CONVEYOR_DEBUG_CHECK(rows <= indices.capacity(), "a batch fits the reserved rows");
   sequence = seq;

@@ -32,6 +32,7 @@
 #include "conveyor/datasets.h"
 #include "conveyor/loader.h"
 #include "conveyor/pinned.h"
+#include "errors.h"
 #include "options.h"
 
 namespace conveyor::detail {
@@ -111,8 +112,5 @@ class BatchFiller {
   std::atomic<uint64_t> fill_ns_{0};
   SkipLog skipped_;
 };
-
-// What an exception says (what(), or a note that it is not a std::exception).
-std::string exception_message(const std::exception_ptr& error);
 
 }  // namespace conveyor::detail

@@ -33,6 +33,7 @@
 #include "batch_filler.h"
 #include "conveyor/loader.h"
 #include "device_stager.h"
+#include "errors.h"
 #include "host_batch.h"
 #include "index_queue.h"
 #include "options.h"

@@ -37,8 +37,4 @@ ResolvedOptions resolve_options(const LoaderOptions& options, bool check_device)
   return o;
 }
 
-void throw_joined() {
-  throw std::logic_error("conveyor: the DataLoader was joined; it yields no batches");
-}
-
 }  // namespace conveyor::detail

@@ -25,7 +25,4 @@ struct ResolvedOptions : LoaderOptions {
 // `check_device`: false only for a loader given its own CopyEngine (tests), whose device rules.
 ResolvedOptions resolve_options(const LoaderOptions& options, bool check_device = true);
 
-// The one message for a loader used after join() (conveyor::DataLoader and the drop-in).
-[[noreturn]] void throw_joined();
-
 }  // namespace conveyor::detail

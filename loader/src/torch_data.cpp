@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "conveyor/detail/torch_data_engine.h"
+#include "errors.h"
 #include "options.h"
 
 namespace conveyor {
@@ -72,8 +73,9 @@ void pin_tensor(at::Tensor& tensor) {
 
 TorchConventionEngine::TorchConventionEngine(std::shared_ptr<SampleSource> source,
                                              std::unique_ptr<Sampler> sampler,
-                                             const DataLoaderOptions& options)
+                                             const DataLoaderOptions& options, std::string path)
     : options_(options),
+      path_(std::move(path)),
       loader_(source ? std::move(source)
                      : throw std::invalid_argument("conveyor: make_data_loader needs a dataset"),
               to_loader_options(options), std::move(sampler)) {}
@@ -101,8 +103,7 @@ std::optional<Batch> TorchConventionEngine::next() {
       if (options_.workers() == 0) e.rethrow_original();
       throw WorkerError(e.original(), e.index(), e.path(), e.what());
     } catch (const TimeoutError& e) {
-      TORCH_CHECK(false, "Timeout in DataLoader queue while waiting for next batch (timeout was ",
-                  options_.timeout() ? options_.timeout()->count() : 0, " ms); ", e.what());
+      throw_torch_timeout(options_.timeout(), e.what());
     }
   }
 }
@@ -114,7 +115,7 @@ void TorchConventionEngine::join() {
 
 LoaderStats TorchConventionEngine::stats() const { return loader_.stats(); }
 
-std::string TorchConventionEngine::mode() const { return "collated: " + loader_.mode(); }
+std::string TorchConventionEngine::mode() const { return path_ + ": " + loader_.mode(); }
 
 namespace {
 
@@ -126,7 +127,8 @@ class SourceDataLoader final : public TorchDataLoader<Batch> {
                    const DataLoaderOptions& options)
       : TorchDataLoader<Batch>(options),
         engine_(std::move(source),
-                sampler ? std::move(sampler) : RandomSampler::make(options.seed()), options) {}
+                sampler ? std::move(sampler) : RandomSampler::make(options.seed()), options,
+                "source") {}
   void join() override { engine_.join(); }
   LoaderStats stats() const override { return engine_.stats(); }
   std::string mode() const override { return engine_.mode(); }

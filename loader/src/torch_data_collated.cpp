@@ -11,6 +11,7 @@
 
 #include "conveyor/detail/torch_data_engine.h"
 #include "conveyor/torch_data.h"
+#include "errors.h"
 #include "options.h"
 
 namespace conveyor::detail {
@@ -28,16 +29,6 @@ std::string describe_spec(const FieldSpec& spec) {
   std::ostringstream out;
   out << c10::toString(spec.dtype) << " " << c10::IntArrayRef(spec.sample_shape) << " on cpu";
   return out.str();
-}
-
-std::string exception_message(const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "unknown exception (not derived from std::exception)";
-  }
 }
 
 }  // namespace
@@ -176,7 +167,8 @@ bool CollatedEngine::build_engine() {
       throw_probe_failure(outcome);
     }
     source_->set_fields(std::move(outcome.fields), outcome.index);
-    engine_ = std::make_unique<TorchConventionEngine>(source_, std::move(sampler_), options_);
+    engine_ =
+        std::make_unique<TorchConventionEngine>(source_, std::move(sampler_), options_, "collated");
     engine_->start_epoch(epoch_, std::move(reported_));
     return true;
   }
@@ -184,10 +176,12 @@ bool CollatedEngine::build_engine() {
 
 void CollatedEngine::throw_probe_timeout() const {
   const std::string ms = std::to_string(options_.timeout() ? options_.timeout()->count() : 0);
-  TORCH_CHECK(false, "Timeout in DataLoader queue while waiting for next batch (timeout was ", ms,
-              " ms); conveyor: sample ", probe_index_, " (", source_->describe(probe_index_),
-              "), the first of batch ", probe_batch_, " of epoch ", probe_epoch_,
-              ", read to learn the shapes of the batch's tensors, did not load within ", ms, " ms");
+  throw_torch_timeout(
+      options_.timeout(),
+      "conveyor: sample " + std::to_string(probe_index_) + " (" + source_->describe(probe_index_) +
+          "), the first of batch " + std::to_string(probe_batch_) + " of epoch " +
+          std::to_string(probe_epoch_) +
+          ", read to learn the shapes of the batch's tensors, did not load within " + ms + " ms");
 }
 
 void CollatedEngine::throw_probe_failure(const ProbeOutcome& outcome) const {

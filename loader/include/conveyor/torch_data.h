@@ -35,8 +35,7 @@
 //     `device` (non_blocking). This path reaches tensors in at::Tensor, Example, std::vector and
 //     std::optional; other batch types are returned as they are and reject a non-CPU device.
 //   * Sources: a conveyor::SampleSource (ImageSource) runs on conveyor::DataLoader as it is (its
-//     fields are known without reading a sample); mode() says "collated", as its workers assemble
-//     each batch in a slot.
+//     fields are known without reading a sample, so nothing is probed); mode() says "source".
 //
 // Requires: C++17 or later. One thread iterates a loader. Datasets are copied once per worker
 // (collated path, and stateless datasets on the batched path) and once for the shape probe, so
@@ -280,7 +279,7 @@ class TorchDataLoader {
   const FullDataLoaderOptions& options() const noexcept { return options_; }
   // Counters and timings (the batched path fills batches and wait_seconds only).
   virtual LoaderStats stats() const = 0;
-  // One line: which path (collated or batched) and, for the collated one, the engine's mode.
+  // One line: which path (collated, source or batched) and, on Conveyor's engine, its mode.
   virtual std::string mode() const = 0;
 
  protected:

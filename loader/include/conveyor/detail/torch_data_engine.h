@@ -28,19 +28,21 @@ namespace detail {
 
 class TorchConventionEngine {
  public:
+  // `path` names the drop-in's path in mode(): "collated" (a torch dataset) or "source".
   TorchConventionEngine(std::shared_ptr<SampleSource> source, std::unique_ptr<Sampler> sampler,
-                        const DataLoaderOptions& options);
+                        const DataLoaderOptions& options, std::string path);
   // Starts the next epoch, or `epoch` when given. `reported`: samples of that epoch whose failure
   // the caller has already reported; the batch each one fails is passed over once.
   void start_epoch(std::optional<uint64_t> epoch = std::nullopt, std::vector<size_t> reported = {});
   std::optional<Batch> next();
   void join();
   LoaderStats stats() const;
-  // "collated: " and the engine's mode.
+  // The path's name, ": ", and the engine's mode.
   std::string mode() const;
 
  private:
   DataLoaderOptions options_;
+  std::string path_;
   DataLoader loader_;
   std::vector<size_t> reported_;
   bool joined_ = false;
