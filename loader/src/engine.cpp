@@ -125,13 +125,38 @@ void DataLoader::Impl::worker_loop(size_t worker) {
 // ---------------------------------------------------------------------------------------------
 // Consumer: dispatch, collect, cancel
 
+DataLoader::Impl::EpochStart DataLoader::Impl::next_epoch_start() const {
+  EpochStart start{next_epoch_ ? *next_epoch_ : started_ ? epoch_ + 1 : epoch_, 0, 0, {}};
+  const size_t n = source_->size();
+  if (resume_) {
+    const Position& r = *resume_;
+    const uint64_t target = r.complete ? r.epoch + 1 : r.epoch;
+    // A set_epoch() to another epoch after load() wins over the checkpoint.
+    if (!next_epoch_ || *next_epoch_ == target) {
+      start.epoch = target;
+      if (!r.complete && r.world == sampler_->world_size()) {  // continue this rank's own order
+        start.base = r.base;
+        start.first_batch = r.received;
+      } else if (!r.complete) {  // elastic: share out what the saved job had not consumed
+        start.base = std::min(n, r.base + r.world * r.received * options_.batch_size);
+      }
+    }
+  }
+  if (start.base == 0) {
+    sampler_->indices(n, start.epoch, start.order);
+  } else {
+    sampler_->remaining_indices(n, start.epoch, start.base, start.order);
+  }
+  return start;
+}
+
 void DataLoader::Impl::start_epoch() {
   if (joined_) detail::throw_joined();
   // The new order is made and checked before anything changes, so a throwing sampler leaves the
   // current epoch as it was.
-  const uint64_t epoch = next_epoch_ ? *next_epoch_ : started_ ? epoch_ + 1 : epoch_;
-  std::vector<size_t> order;
-  sampler_->indices(source_->size(), epoch, order);
+  EpochStart start = next_epoch_start();
+  const uint64_t epoch = start.epoch;
+  std::vector<size_t>& order = start.order;
   for (size_t index : order) {
     if (index >= source_->size()) {
       throw std::out_of_range("conveyor: the sampler yielded index " + std::to_string(index) +
@@ -141,16 +166,20 @@ void DataLoader::Impl::start_epoch() {
   }
   if (started_) cancel_epoch();
   next_epoch_.reset();
+  resume_.reset();
   epoch_ = epoch;
   started_ = true;
+  order_base_ = start.base;
   order_.swap(order);  // no batch is dispatched now, so no worker reads order_
   const size_t b = options_.batch_size;
   num_batches_ = options_.drop_last ? order_.size() / b : (order_.size() + b - 1) / b;
   generation_.fetch_add(1);
-  dispatched_ = 0;
-  collected_ = 0;
-  next_sequence_ = 0;
-  next_stage_ = 0;
+  // A resumed epoch starts at its first batch not yet received: nothing before it is read.
+  const size_t first = std::min(start.first_batch, num_batches_);
+  dispatched_ = first;
+  collected_ = first;
+  next_sequence_ = first;
+  next_stage_ = first;
   deferred_failure_ = nullptr;
   top_up();
 }
@@ -315,7 +344,7 @@ void DataLoader::Impl::stage_copies(bool need_one) {
 
 std::optional<Batch> DataLoader::Impl::next() {
   if (joined_) detail::throw_joined();
-  if (!started_) start_epoch();
+  if (!started_ || resume_) start_epoch();
   if (next_sequence_ >= num_batches_) return std::nullopt;
   if (stager_) {
     if (deferred_failure_) std::rethrow_exception(std::exchange(deferred_failure_, nullptr));

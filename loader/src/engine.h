@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include <torch/serialize/archive.h>
+
 #include "batch_filler.h"
 #include "conveyor/loader.h"
 #include "device_stager.h"
@@ -50,6 +52,8 @@ class DataLoader::Impl {
   void start_epoch();
   std::optional<Batch> next();
   void set_epoch(uint64_t epoch) { next_epoch_ = epoch; }
+  void save(torch::serialize::OutputArchive& archive) const;  // checkpoint.cpp
+  void load(torch::serialize::InputArchive& archive);
   void join();
 
   uint64_t epoch() const { return epoch_; }
@@ -74,6 +78,25 @@ class DataLoader::Impl {
   // The failure of `slot`'s batch as an exception, and the slot released.
   std::exception_ptr take_failure(uint32_t slot);
   detail::BatchHeader header(uint32_t slot) const;
+
+  // Where an epoch's batches come from, and how far the consumer got: what a checkpoint holds.
+  struct Position {
+    uint64_t epoch = 0;
+    size_t base = 0;        // entries of the epoch's global order consumed before this order
+    size_t world = 1;       // the ranks that shared this order out
+    size_t received = 0;    // batches of this order the consumer received
+    bool complete = false;  // the epoch had no batch left
+  };
+  Position position() const;
+  // The order the next epoch starts with, its epoch, base and first batch; applies and clears a
+  // pending resume_. Throws (changing nothing) if the sampler does.
+  struct EpochStart {
+    uint64_t epoch;
+    size_t base;
+    size_t first_batch;
+    std::vector<size_t> order;
+  };
+  EpochStart next_epoch_start() const;
 
   std::shared_ptr<SampleSource> source_;
   std::vector<FieldSpec> fields_;
@@ -103,6 +126,8 @@ class DataLoader::Impl {
   bool joined_ = false;
   std::exception_ptr deferred_failure_;  // a prefetch failure, reported by the next next()
   std::optional<uint64_t> next_epoch_;   // set by set_epoch()
+  std::optional<Position> resume_;       // set by load(), applied by the next start_epoch()
+  size_t order_base_ = 0;                // the current order's Position::base
 
   // Statistics (consumer-only).
   uint64_t batches_ = 0, samples_ = 0;

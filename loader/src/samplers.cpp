@@ -1,7 +1,9 @@
+#include <algorithm>
 #include <numeric>
 #include <stdexcept>
 #include <string>
 
+#include "checkpoint.h"
 #include "conveyor/loader.h"
 #include "conveyor/random.h"
 
@@ -19,6 +21,61 @@ void permutation(size_t n, uint64_t seed, uint64_t epoch, std::vector<size_t>& o
 }
 
 }  // namespace
+
+using detail::expect_same;
+using detail::read_int;
+using detail::read_string;
+using detail::write_int;
+using detail::write_string;
+
+void Sampler::save(torch::serialize::OutputArchive& archive) const {
+  write_string(archive, "sampler", "custom");
+}
+
+void Sampler::check(torch::serialize::InputArchive& archive) const {
+  expect_same("sampler", read_string(archive, "sampler"), "custom");
+}
+
+void Sampler::remaining_indices(size_t n, uint64_t epoch, size_t consumed,
+                                std::vector<size_t>& out) const {
+  indices(n, epoch, out);
+  out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(std::min(consumed, out.size())));
+}
+
+void SequentialSampler::save(torch::serialize::OutputArchive& archive) const {
+  write_string(archive, "sampler", "sequential");
+}
+
+void SequentialSampler::check(torch::serialize::InputArchive& archive) const {
+  expect_same("sampler", read_string(archive, "sampler"), "sequential");
+}
+
+void RandomSampler::save(torch::serialize::OutputArchive& archive) const {
+  write_string(archive, "sampler", "random");
+  write_int(archive, "sampler_seed", static_cast<int64_t>(seed_));
+}
+
+void RandomSampler::check(torch::serialize::InputArchive& archive) const {
+  expect_same("sampler", read_string(archive, "sampler"), "random");
+  expect_same("sampler seed", read_int(archive, "sampler_seed"), static_cast<int64_t>(seed_));
+}
+
+void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
+  write_string(archive, "sampler", "distributed");
+  write_int(archive, "sampler_seed", static_cast<int64_t>(seed_));
+  write_int(archive, "sampler_shuffle", shuffle_);
+  write_int(archive, "sampler_drop_last", drop_last_);
+  write_int(archive, "sampler_world_size", static_cast<int64_t>(world_size_));
+  write_int(archive, "sampler_rank", static_cast<int64_t>(rank_));
+}
+
+void DistributedSampler::check(torch::serialize::InputArchive& archive) const {
+  // The world size and rank may differ: that is an elastic resume.
+  expect_same("sampler", read_string(archive, "sampler"), "distributed");
+  expect_same("sampler seed", read_int(archive, "sampler_seed"), static_cast<int64_t>(seed_));
+  expect_same("sampler shuffle", read_int(archive, "sampler_shuffle"), shuffle_);
+  expect_same("sampler drop_last", read_int(archive, "sampler_drop_last"), drop_last_);
+}
 
 void SequentialSampler::indices(size_t n, uint64_t, std::vector<size_t>& out) const {
   out.resize(n);
@@ -43,21 +100,29 @@ size_t DistributedSampler::per_rank(size_t n) const {
 }
 
 void DistributedSampler::indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const {
-  std::vector<size_t> all;
+  remaining_indices(n, epoch, 0, out);
+}
+
+void DistributedSampler::remaining_indices(size_t n, uint64_t epoch, size_t consumed,
+                                           std::vector<size_t>& out) const {
+  std::vector<size_t> rest;  // the epoch's global order without its first `consumed` entries
   if (shuffle_) {
-    permutation(n, seed_, epoch, all);
+    permutation(n, seed_, epoch, rest);
   } else {
-    all.resize(n);
-    std::iota(all.begin(), all.end(), size_t{0});
+    rest.resize(n);
+    std::iota(rest.begin(), rest.end(), size_t{0});
   }
-  const size_t total = per_rank(n) * world_size_;
-  if (total > all.size() && !all.empty()) {  // pad by repeating the head, as PyTorch does
-    const size_t original = all.size();
-    for (size_t i = 0; all.size() < total; ++i) all.push_back(all[i % original]);
+  rest.erase(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(std::min(consumed, n)));
+  const size_t per_rank =
+      drop_last_ ? rest.size() / world_size_ : (rest.size() + world_size_ - 1) / world_size_;
+  const size_t total = per_rank * world_size_;
+  if (total > rest.size() && !rest.empty()) {  // pad by repeating the head, as PyTorch does
+    const size_t original = rest.size();
+    for (size_t i = 0; rest.size() < total; ++i) rest.push_back(rest[i % original]);
   }
-  all.resize(total);
+  rest.resize(total);
   out.clear();
-  for (size_t i = rank_; i < total; i += world_size_) out.push_back(all[i]);
+  for (size_t i = rank_; i < total; i += world_size_) out.push_back(rest[i]);
 }
 
 }  // namespace conveyor

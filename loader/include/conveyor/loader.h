@@ -52,6 +52,11 @@
 #include "conveyor/pinned.h"
 #include "conveyor/prefetch.h"
 
+namespace torch::serialize {
+class OutputArchive;
+class InputArchive;
+}  // namespace torch::serialize
+
 namespace conveyor {
 
 // ---------------------------------------------------------------------------------------------
@@ -63,6 +68,20 @@ class Sampler {
   // Writes the indices of `epoch` for a dataset of `dataset_size` samples into `out`.
   // Must be a pure function of its arguments and the sampler's construction parameters.
   virtual void indices(size_t dataset_size, uint64_t epoch, std::vector<size_t>& out) const = 0;
+
+  // --- Checkpoints (DataLoader::save/load). The defaults suit a sampler used by one process.
+  // Writes the parameters that shape the order (a seed, a world size, ...).
+  virtual void save(torch::serialize::OutputArchive& archive) const;
+  // Throws std::invalid_argument naming a parameter in `archive` (written by save()) that does
+  // not fit this sampler. A distributed sampler accepts another world size and rank.
+  virtual void check(torch::serialize::InputArchive& archive) const;
+  // The processes that share each epoch's order (1 unless distributed).
+  virtual size_t world_size() const { return 1; }
+  // This process's indices for the rest of `epoch` once an earlier job consumed the first
+  // `consumed` entries of the epoch's global order (the order before it is shared out among
+  // ranks). Default: indices() without its first `consumed` entries.
+  virtual void remaining_indices(size_t dataset_size, uint64_t epoch, size_t consumed,
+                                 std::vector<size_t>& out) const;
 };
 
 // 0, 1, ..., n-1 every epoch.
@@ -70,6 +89,8 @@ class SequentialSampler : public Sampler {
  public:
   static std::unique_ptr<Sampler> make() { return std::make_unique<SequentialSampler>(); }
   void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void check(torch::serialize::InputArchive& archive) const override;
 };
 
 // A permutation that is a pure function of (seed, epoch): the same whatever the number of workers,
@@ -81,6 +102,8 @@ class RandomSampler : public Sampler {
     return std::make_unique<RandomSampler>(seed);
   }
   void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void check(torch::serialize::InputArchive& archive) const override;
 
  private:
   uint64_t seed_;
@@ -90,6 +113,15 @@ class RandomSampler : public Sampler {
 // shuffled by seed and epoch) permutation. Without drop_last the permutation is padded by repeating
 // its head so every rank gets ceil(n / world_size) indices; with drop_last the tail is dropped so
 // every rank gets floor(n / world_size).
+//
+// Elastic resume: when an epoch is resumed from a checkpoint saved by a job of N ranks into a job
+// of M ranks (remaining_indices()), the epoch's global order is the same permutation; its first
+// `consumed` entries (what the N ranks had received: N x the batches each received x batch size,
+// never padding, since every rank received the same number of batches) are dropped, and the rest
+// is shared out over the M ranks by the same rule: padded by repeating the head of the rest so
+// that every rank gets ceil(rest / M) (some samples then come twice in that epoch, as with
+// PyTorch's padding), or with drop_last its tail dropped so that every rank gets floor(rest / M).
+// With M == N the loader instead continues each rank's own order, so a resume is bit-exact.
 class DistributedSampler : public Sampler {
  public:
   DistributedSampler(size_t rank, size_t world_size, bool shuffle = true, uint64_t seed = 0,
@@ -99,6 +131,12 @@ class DistributedSampler : public Sampler {
     return std::make_unique<DistributedSampler>(rank, world_size, shuffle, seed, drop_last);
   }
   void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void check(torch::serialize::InputArchive& archive) const override;
+  size_t world_size() const override { return world_size_; }
+  size_t rank() const { return rank_; }
+  void remaining_indices(size_t n, uint64_t epoch, size_t consumed,
+                         std::vector<size_t>& out) const override;
   // Indices per rank for a dataset of n samples.
   size_t per_rank(size_t n) const;
 
@@ -235,6 +273,23 @@ class DataLoader {
   // Makes the next begin() start `epoch` instead of the one after the current: to resume
   // training, or to follow an outside epoch counter (PyTorch's DistributedSampler.set_epoch).
   void set_epoch(uint64_t epoch);
+
+  // --- Checkpoints: resume mid-epoch, bit-exactly, in O(1) (docs/resume.md).
+  // Writes the loader's position into `archive`: the epoch, the batches the consumer has received
+  // in it, and what shapes the order: seed, batch_size, drop_last, the dataset's size and the
+  // sampler's parameters. Nothing about workers, chunk_size, slots or prefetch_factor. Throws
+  // std::logic_error mid-epoch when enforce_ordering is off (batches then arrive out of order, so
+  // a count does not say which were received).
+  void save(torch::serialize::OutputArchive& archive) const;
+  // Reads a position written by save(). The next begin() (or next()) continues that epoch with
+  // the batch after the last one received, without reading any sample before it; its batches and
+  // every later epoch's are byte-identical to an uninterrupted run's, whatever the workers,
+  // chunk_size or prefetch_factor. If that epoch was complete, the next begin() starts the one
+  // after it. Throws std::invalid_argument naming a field that does not fit (batch_size,
+  // drop_last, dataset size, seed, the sampler's kind or parameters), leaving the loader as it
+  // was. A DistributedSampler's world size and rank may differ: elastic resume (see
+  // DistributedSampler).
+  void load(torch::serialize::InputArchive& archive);
 
   // Stops the workers and releases the copy stage; the loader yields nothing afterwards.
   void join();
