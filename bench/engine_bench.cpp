@@ -6,6 +6,11 @@
 //                         delivered as batches...
 //   BM_PlainMemcpy        ...against a plain memcpy of the same bytes on the same number of
 //                         threads into a buffer of the same size.
+//   BM_FirstBatch/0       a fresh loader: construction to its first batch (3x224x224 samples,
+//                         batch 64, 2 workers, a random sampler over 64 x 100 samples)...
+//   BM_FirstBatch/1       ...against the same loader resumed from a checkpoint saved after batch
+//                         50 of 100 (load() included): a resume costs what a fresh start does.
+//   BM_FirstBatch/2       the checkpoint's parse alone (torch::serialize::InputArchive).
 // Run: build/bench/engine-bench [--benchmark_filter=...]
 #include <benchmark/benchmark.h>
 
@@ -15,6 +20,10 @@
 #include <cstring>
 #include <thread>
 #include <vector>
+
+#include <sstream>
+
+#include <torch/serialize.h>
 
 #include "conveyor/conveyor.h"
 
@@ -132,6 +141,47 @@ void BM_PlainMemcpy(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
 BENCHMARK(BM_PlainMemcpy)->Args({1, 0})->Args({2, 0})->Args({2, 1})->UseRealTime()->MinTime(1.0);
+
+void BM_FirstBatch(benchmark::State& state) {
+  const bool resumed = state.range(0) != 0;
+  LoaderOptions o;
+  o.batch_size = 64;
+  o.workers = 2;
+  auto source = std::make_shared<PatternSource>(64 * 100, kImageBytes);
+  std::string checkpoint;
+  {
+    DataLoader loader(source, o, RandomSampler::make(1));
+    auto it = loader.begin();
+    for (int i = 0; i < 49; ++i) ++it;  // 50 batches received
+    torch::serialize::OutputArchive archive;
+    loader.save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    checkpoint = out.str();
+  }
+  if (state.range(0) == 2) {  // the checkpoint's parse alone (torch::serialize::InputArchive)
+    for (auto _ : state) {
+      torch::serialize::InputArchive archive;
+      std::istringstream in(checkpoint);
+      archive.load_from(in);
+      benchmark::DoNotOptimize(&archive);
+    }
+    return;
+  }
+  for (auto _ : state) {
+    DataLoader loader(source, o, RandomSampler::make(1));
+    if (resumed) {
+      torch::serialize::InputArchive archive;
+      std::istringstream in(checkpoint);
+      archive.load_from(in);
+      loader.load(archive);
+    }
+    std::optional<Batch> batch = loader.next();
+    benchmark::DoNotOptimize(batch->fields[0].data_ptr());
+    if (batch->sequence != (resumed ? 50u : 0u)) state.SkipWithError("wrong first batch");
+  }
+}
+BENCHMARK(BM_FirstBatch)->Arg(0)->Arg(1)->Arg(2)->UseRealTime()->MinTime(2.0);
 
 }  // namespace
 }  // namespace conveyor
