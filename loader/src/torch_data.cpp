@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 #include <ATen/ATen.h>
 
@@ -63,6 +64,15 @@ torch::data::DataLoaderOptions to_torch_options(const DataLoaderOptions& options
   return o;
 }
 
+void refuse_batched_checkpoint(const char* method) {
+  throw std::logic_error(
+      std::string("conveyor: ") + method +
+      "(): this loader runs on torch::data's own workers and samplers (the batched path: a "
+      "dataset with its own get_batch, a stateful dataset, or one not mapped with Stack<>()), "
+      "which own the order, so it cannot save or resume its position; for checkpoints, map a "
+      "per-sample dataset with Stack<>() (the collated path) or use a conveyor::SampleSource");
+}
+
 void pin_tensor(at::Tensor& tensor) {
   if (tensor.defined() && tensor.device().is_cpu() && cuda_available() && !tensor.is_pinned()) {
     tensor = tensor.pin_memory();
@@ -108,6 +118,15 @@ std::optional<Batch> TorchConventionEngine::next() {
   }
 }
 
+void TorchConventionEngine::save(torch::serialize::OutputArchive& archive) const {
+  loader_.save(archive);
+}
+
+void TorchConventionEngine::load(torch::serialize::InputArchive& archive) {
+  if (joined_) throw_joined();
+  loader_.load(archive);
+}
+
 void TorchConventionEngine::join() {
   joined_ = true;
   loader_.join();
@@ -132,6 +151,11 @@ class SourceDataLoader final : public TorchDataLoader<Batch> {
   void join() override { engine_.join(); }
   LoaderStats stats() const override { return engine_.stats(); }
   std::string mode() const override { return engine_.mode(); }
+  void save(torch::serialize::OutputArchive& archive) const override { engine_.save(archive); }
+  void load(torch::serialize::InputArchive& archive) override {
+    engine_.load(archive);
+    replaced_by_load();
+  }
 
  protected:
   void start_epoch() override { engine_.start_epoch(); }

@@ -1,5 +1,6 @@
-// The drop-in's collated path, non-template parts: tensors written into slot rows, and
-// CollatedEngine's shape probe (a background thread, waited for at most `timeout`).
+// The drop-in's collated path, non-template parts: tensors written into slot rows, the torch
+// sampler's kept (and checkpointed) order, and CollatedEngine's shape probe (a background thread,
+// waited for at most `timeout`) and checkpoints.
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -8,7 +9,9 @@
 #include <stdexcept>
 
 #include <ATen/ATen.h>
+#include <torch/serialize/archive.h>
 
+#include "checkpoint.h"
 #include "conveyor/detail/torch_data_engine.h"
 #include "conveyor/torch_data.h"
 #include "errors.h"
@@ -75,12 +78,84 @@ std::vector<FieldSpec> ProbedSource::fields() const {
 }
 
 // ---------------------------------------------------------------------------------------------
+// DrawnOrderSampler
+
+void DrawnOrderSampler::indices(size_t, uint64_t epoch, std::vector<size_t>& out) const {
+  if (cached_epoch_ != epoch) {
+    std::vector<size_t> drawn;
+    draw(drawn);
+    cached_.swap(drawn);
+    cached_epoch_ = epoch;
+  }
+  out = cached_;
+}
+
+void DrawnOrderSampler::save(torch::serialize::OutputArchive& archive) const {
+  write_string(archive, "sampler", "torch");
+  write_int(archive, "sampler_order_epoch",
+            cached_epoch_ ? static_cast<int64_t>(*cached_epoch_) : int64_t{-1});
+  at::Tensor order = at::empty({static_cast<int64_t>(cached_.size())}, at::kLong);
+  int64_t* out = order.data_ptr<int64_t>();
+  for (size_t i = 0; i < cached_.size(); ++i) out[i] = static_cast<int64_t>(cached_[i]);
+  archive.write("sampler_order", order, /*is_buffer=*/true);
+}
+
+void DrawnOrderSampler::check(torch::serialize::InputArchive& archive) const {
+  (void)read(archive);
+}
+
+DrawnOrderSampler::SavedOrder DrawnOrderSampler::read(
+    torch::serialize::InputArchive& archive) const {
+  expect_same("sampler", read_string(archive, "sampler"), "torch");
+  const int64_t epoch = read_int(archive, "sampler_order_epoch");
+  if (epoch < -1) {
+    throw std::invalid_argument("conveyor: the checkpoint's 'sampler_order_epoch' is " +
+                                std::to_string(epoch) + ", not an epoch");
+  }
+  at::Tensor order;
+  if (!archive.try_read("sampler_order", order, /*is_buffer=*/true)) {
+    throw std::invalid_argument(
+        "conveyor: the checkpoint has no 'sampler_order'; it was not written by save() of a "
+        "loader over a torch dataset");
+  }
+  if (order.scalar_type() != at::kLong || order.dim() != 1) {
+    throw std::invalid_argument(
+        "conveyor: the checkpoint's 'sampler_order' is not a one-dimensional int64 tensor");
+  }
+  SavedOrder saved;
+  if (epoch < 0) return saved;  // nothing was drawn
+  saved.epoch = static_cast<uint64_t>(epoch);
+  const at::Tensor contiguous = order.contiguous();
+  const int64_t* in = contiguous.data_ptr<int64_t>();
+  saved.order.reserve(static_cast<size_t>(contiguous.numel()));
+  for (int64_t i = 0; i < contiguous.numel(); ++i) {
+    if (in[i] < 0 || static_cast<uint64_t>(in[i]) >= dataset_size_) {
+      throw std::invalid_argument("conveyor: the checkpoint's 'sampler_order' holds index " +
+                                  std::to_string(in[i]) + " but the dataset has " +
+                                  std::to_string(dataset_size_) + " samples");
+    }
+    saved.order.push_back(static_cast<size_t>(in[i]));
+  }
+  return saved;
+}
+
+void DrawnOrderSampler::restore(SavedOrder saved) {
+  cached_epoch_ = saved.epoch;
+  cached_.swap(saved.order);
+}
+
+// ---------------------------------------------------------------------------------------------
 
 CollatedEngine::CollatedEngine(std::shared_ptr<ProbedSource> source,
-                               std::unique_ptr<Sampler> sampler, const DataLoaderOptions& options)
-    : source_(std::move(source)), sampler_(std::move(sampler)), options_(options) {
+                               std::unique_ptr<DrawnOrderSampler> sampler,
+                               const DataLoaderOptions& options)
+    : source_(std::move(source)),
+      sampler_(std::move(sampler)),
+      drawn_(sampler_.get()),
+      options_(options) {
   check_options(options_);
   if (!source_) throw std::invalid_argument("conveyor: make_data_loader needs a dataset");
+  if (!sampler_) throw std::invalid_argument("conveyor: make_data_loader needs a sampler");
 }
 
 CollatedEngine::~CollatedEngine() = default;
@@ -91,20 +166,29 @@ void CollatedEngine::start_epoch() {
     engine_->start_epoch();
     return;
   }
-  // The engine's epoch numbering: 0, then one more per start_epoch(). A sampler that throws
-  // leaves the current epoch as it was.
-  const uint64_t epoch = started_ ? epoch_ + 1 : 0;
+  // The engine's epoch numbering: 0, then one more per start_epoch(), or where a loaded position
+  // says (as DataLoader's). A sampler that throws leaves the current epoch as it was.
+  uint64_t epoch = started_ ? epoch_ + 1 : 0;
+  size_t first = 0;
+  if (resume_) {
+    epoch = resume_->complete ? resume_->epoch + 1 : resume_->epoch;
+    if (!resume_->complete) first = resume_->received;
+  }
   std::vector<size_t> order;
   sampler_->indices(source_->size(), epoch, order);
   epoch_ = epoch;
   started_ = true;
+  ++generation_;
   order_.swap(order);
   const size_t b = options_.batch_size();
   batches_ = options_.drop_last() ? order_.size() / b : (order_.size() + b - 1) / b;
-  next_batch_ = 0;
+  next_batch_ = std::min(first, batches_);  // nothing before a resumed batch is read
+  engine_resume_.reset();
+  if (first > 0) engine_resume_ = Position{epoch, first, false};
+  resume_.reset();
   reported_.clear();
   // A probe still reading a replaced epoch's sample goes on: any sample tells the shapes.
-  if (!probe_.valid() && batches_ > 0) start_probe();
+  if (!probe_.valid() && next_batch_ < batches_) start_probe();
 }
 
 void CollatedEngine::start_probe() {
@@ -129,6 +213,7 @@ void CollatedEngine::start_probe() {
   probe_index_ = candidates.front();
   ProbeOutcome outcome;
   outcome.epoch = epoch_;
+  outcome.generation = generation_;
   outcome.batch = next_batch_;
   // The task owns everything it touches (its copy of the dataset, the candidates), so it never
   // depends on this object; probe_'s destructor waits for it.
@@ -161,7 +246,7 @@ bool CollatedEngine::build_engine() {
     if (timeout && probe_.wait_until(deadline) != std::future_status::ready) throw_probe_timeout();
     ProbeOutcome outcome = probe_.get();  // probe_ is no longer valid
     if (outcome.fields.empty()) {
-      if (outcome.epoch != epoch_) continue;  // a replaced epoch's failure: probe this one
+      if (outcome.generation != generation_) continue;  // a replaced epoch's failure: probe this
       next_batch_ = outcome.batch + 1;
       reported_.push_back(outcome.index);
       throw_probe_failure(outcome);
@@ -169,7 +254,21 @@ bool CollatedEngine::build_engine() {
     source_->set_fields(std::move(outcome.fields), outcome.index);
     engine_ =
         std::make_unique<TorchConventionEngine>(source_, std::move(sampler_), options_, "collated");
-    engine_->start_epoch(epoch_, std::move(reported_));
+    if (engine_resume_) {
+      // The epoch resumes at a later batch: only DataLoader::load starts an epoch there. The
+      // sampler's order for it is the one kept (restored by load()), which write_position saves.
+      torch::serialize::OutputArchive out;
+      write_position(out, *engine_resume_);
+      std::stringstream bytes;
+      out.save_to(bytes);
+      torch::serialize::InputArchive in;
+      in.load_from(bytes);
+      engine_->load(in);
+      engine_resume_.reset();
+      engine_->start_epoch(std::nullopt, std::move(reported_));
+    } else {
+      engine_->start_epoch(epoch_, std::move(reported_));
+    }
     return true;
   }
 }
@@ -197,10 +296,101 @@ void CollatedEngine::throw_probe_failure(const ProbeOutcome& outcome) const {
 std::optional<Batch> CollatedEngine::next() {
   if (joined_) throw_joined();
   if (!engine_) {
-    if (!started_) start_epoch();
+    if (!started_ || resume_) start_epoch();
     if (!build_engine()) return std::nullopt;
   }
   return engine_->next();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+
+void CollatedEngine::write_position(torch::serialize::OutputArchive& archive,
+                                    const Position& p) const {
+  // DataLoader::Impl::save's fields for one process (order base 0, world size 1); tests/
+  // torch_data_resume_test.cpp loads a checkpoint saved before the engine existed into one that
+  // has it (DataLoader::load), and the other way round.
+  write_int(archive, "conveyor_checkpoint_version", kCheckpointVersion);
+  write_int(archive, "epoch", static_cast<int64_t>(p.epoch));
+  write_int(archive, "order_base", 0);
+  write_int(archive, "order_world_size", 1);
+  write_int(archive, "batches_received", static_cast<int64_t>(p.received));
+  write_int(archive, "epoch_complete", p.complete);
+  write_int(archive, "seed", static_cast<int64_t>(options_.seed()));
+  write_int(archive, "batch_size", static_cast<int64_t>(options_.batch_size()));
+  write_int(archive, "drop_last", options_.drop_last());
+  write_int(archive, "dataset_size", static_cast<int64_t>(source_->size()));
+  drawn_->save(archive);
+}
+
+CollatedEngine::Position CollatedEngine::read_position(torch::serialize::InputArchive& archive,
+                                                       DrawnOrderSampler::SavedOrder& order) const {
+  // In DataLoader::Impl::load's order, so that both name the same field first.
+  expect_same("format version", read_int(archive, "conveyor_checkpoint_version"),
+              kCheckpointVersion);
+  expect_same("batch_size", read_int(archive, "batch_size"),
+              static_cast<int64_t>(options_.batch_size()));
+  expect_same("drop_last", read_int(archive, "drop_last"), options_.drop_last());
+  expect_same("dataset size", read_int(archive, "dataset_size"),
+              static_cast<int64_t>(source_->size()));
+  expect_same("seed", read_int(archive, "seed"), static_cast<int64_t>(options_.seed()));
+  order = drawn_->read(archive);
+  const int64_t epoch = read_int(archive, "epoch");
+  const int64_t base = read_int(archive, "order_base");
+  const int64_t world = read_int(archive, "order_world_size");
+  const int64_t received = read_int(archive, "batches_received");
+  const bool complete = read_int(archive, "epoch_complete") != 0;
+  if (epoch < 0 || base != 0 || world != 1 || received < 0) {
+    throw std::invalid_argument(
+        "conveyor: the checkpoint's position (epoch " + std::to_string(epoch) + ", order base " +
+        std::to_string(base) + ", world size " + std::to_string(world) + ", batches received " +
+        std::to_string(received) + ") is not one a loader over a torch dataset saves");
+  }
+  Position p;
+  p.epoch = static_cast<uint64_t>(epoch);
+  p.received = static_cast<size_t>(received);
+  p.complete = complete;
+  if (!p.complete && p.received > 0 && order.epoch != p.epoch) {
+    throw std::invalid_argument("conveyor: the checkpoint's 'sampler_order_epoch' is " +
+                                (order.epoch ? std::to_string(*order.epoch) : std::string("-1")) +
+                                " but its epoch " + std::to_string(p.epoch) +
+                                " is under way: the order of that epoch is missing");
+  }
+  return p;
+}
+
+void CollatedEngine::save(torch::serialize::OutputArchive& archive) const {
+  if (engine_) {
+    engine_->save(archive);
+    return;
+  }
+  Position p;  // not started: epoch 0 from its first batch
+  if (resume_) {
+    p = *resume_;  // loaded and not applied yet
+  } else if (started_) {
+    p.epoch = epoch_;
+    p.received = next_batch_;  // only failures (the probe's) were reported so far
+    p.complete = next_batch_ >= batches_;
+    if (!options_.enforce_ordering() && p.received > 0 && !p.complete) {
+      throw std::logic_error(
+          "conveyor: save() mid-epoch needs enforce_ordering: without it batches arrive out of "
+          "order, so the number received does not say which ones were");
+    }
+  }
+  write_position(archive, p);
+}
+
+void CollatedEngine::load(torch::serialize::InputArchive& archive) {
+  if (joined_) throw_joined();
+  // Everything is read and checked before anything changes.
+  DrawnOrderSampler::SavedOrder order;
+  const Position p = read_position(archive, order);
+  if (engine_) {
+    engine_->load(archive);  // checks the same fields again: it does not throw now
+  } else {
+    resume_ = p;
+  }
+  drawn_->restore(std::move(order));
 }
 
 void CollatedEngine::join() {

@@ -63,6 +63,9 @@
 //     thrown, and a later increment or dereference waits again for the same batch.
 //   * Destroying a loader mid-epoch returns once the samples being read finish (for the shape
 //     probe: the one sample it reads); no thread outlives the loader.
+//   * Checkpoints: save()/load() resume mid-epoch in O(1), byte-identical to an uninterrupted run
+//     for the rest of the epoch, on the collated path and SampleSources (TorchDataLoader::save);
+//     the batched path refuses them (std::logic_error).
 // Thread safety: a loader and its iterators are used by one thread at a time; the worker and
 // probe threads are the loader's own.
 // Deliberate differences from torch::data (docs/migration.md lists them all):
@@ -267,9 +270,12 @@ class TorchDataLoader {
   Iterator<BatchT> begin() {
     start_epoch();
     const uint64_t epoch = ++epochs_begun_;
-    return Iterator<BatchT>([this, epoch]() -> std::optional<BatchT> {
+    return Iterator<BatchT>([this, epoch, loads = loads_]() -> std::optional<BatchT> {
       TORCH_CHECK(epoch == epochs_begun_, "conveyor: this DataLoader iterator belongs to epoch ",
                   epoch - 1, ", which a later begin() replaced");
+      TORCH_CHECK(loads == loads_, "conveyor: this DataLoader iterator belongs to epoch ",
+                  epoch - 1,
+                  ", which a later load() replaced; call begin() to continue from the checkpoint");
       return next_batch();
     });
   }
@@ -282,13 +288,40 @@ class TorchDataLoader {
   // One line: which path (collated, source or batched) and, on Conveyor's engine, its mode.
   virtual std::string mode() const = 0;
 
+  // --- Checkpoints (collated path and SampleSources; as conveyor::DataLoader::save/load).
+  // Writes the loader's position into `archive` (save it with the model's, e.g. by torch::save):
+  // the epoch, the batches received in it (the batch an iterator holds counts as received), and
+  // what shapes the order: batch_size, drop_last, seed, the dataset's size and the sampler. On the
+  // collated path the sampler is a torch sampler, whose order is drawn from torch's global
+  // generator, so the checkpoint holds the current epoch's whole order. Nothing about workers,
+  // max_jobs or prefetch_factor. Throws std::logic_error mid-epoch without enforce_ordering, and
+  // always on the batched path (torch's workers own its order; use a per-sample dataset mapped
+  // with Stack<>(), or a SampleSource).
+  virtual void save(torch::serialize::OutputArchive& archive) const = 0;
+  // Reads a position written by save() of a loader on the same path. The next begin() continues
+  // that epoch with the batch after the last one received, without reading a sample before it;
+  // its batches are byte-identical to an uninterrupted run's, whatever the workers or max_jobs.
+  // If that epoch was complete, the next begin() starts the one after it. Later epochs: as
+  // DataLoader::load for SampleSources (bit-exact); on the collated path they are drawn from the
+  // torch sampler as usual, so they follow torch's global generator exactly as torch::data's
+  // would (for bit-exact later epochs, save and restore its state yourself:
+  // at::detail::getDefaultCPUGenerator().get_state()/set_state(); or use a conveyor::Sampler
+  // through a SampleSource). Iterators obtained before load() throw c10::Error when used.
+  // Throws std::invalid_argument naming a field that does not fit (batch_size, drop_last,
+  // dataset size, seed, the sampler), leaving the loader as it was; std::logic_error on the
+  // batched path.
+  virtual void load(torch::serialize::InputArchive& archive) = 0;
+
  protected:
   virtual void start_epoch() = 0;
   virtual std::optional<BatchT> next_batch() = 0;
+  // Makes the iterators of the current epoch throw; a subclass's load() calls it once it loaded.
+  void replaced_by_load() { ++loads_; }
 
  private:
   FullDataLoaderOptions options_;
   uint64_t epochs_begun_ = 0;
+  uint64_t loads_ = 0;  // load() calls so far
 };
 
 namespace detail {

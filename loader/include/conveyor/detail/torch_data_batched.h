@@ -6,7 +6,8 @@
 // tensors and the consumer moves them to the device.
 //
 // Requires: the dataset meets torch::data's requirements for its loader.
-// Guarantees: ordering, timeout and exceptions are torch's; a new epoch may begin while the
+// Guarantees: ordering, timeout and exceptions are torch's; save() and load() throw
+// std::logic_error (torch owns the order); a new epoch may begin while the
 // previous one still has batches in flight (OpenTorchLoader: checked against torch 2.11 by
 // tests/torch_data_test.cpp).
 // Thread safety: torch's: the consumer thread calls the loader; torch's workers call get_batch.
@@ -29,6 +30,8 @@ namespace detail {
 namespace td = torch::data;
 
 td::DataLoaderOptions to_torch_options(const DataLoaderOptions& options);
+// Throws std::logic_error: the batched path offers no checkpoints (`method`: "save" or "load").
+[[noreturn]] void refuse_batched_checkpoint(const char* method);
 
 template <typename T>
 struct IsOptional : std::false_type {};
@@ -147,6 +150,9 @@ class BatchedDataLoader final : public TorchDataLoader<BatchT> {
     s.wait_seconds = wait_seconds_;
     return s;
   }
+  // torch's workers and samplers own the order, so the position cannot be saved or resumed.
+  void save(torch::serialize::OutputArchive&) const override { refuse_batched_checkpoint("save"); }
+  void load(torch::serialize::InputArchive&) override { refuse_batched_checkpoint("load"); }
   std::string mode() const override {
     return "batched: torch::data worker threads call get_batch; " +
            std::string(this->options().pin_memory && cuda_available() ? "pinned by the workers"

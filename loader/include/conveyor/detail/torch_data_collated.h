@@ -9,7 +9,9 @@
 // are CPU tensors with the shapes and dtypes of the sample the probe read.
 // Guarantees: the shapes are learnt on a background thread that the loader owns (CollatedEngine),
 // waited for at most `timeout`; a failure there is reported as the failure of that sample, in
-// its batch and epoch, as a worker's would be, and that batch is not reported twice.
+// its batch and epoch, as a worker's would be, and that batch is not reported twice. Checkpoints
+// carry the torch sampler's order of the current epoch whole (DrawnOrderSampler), and work
+// whether or not the engine was built yet.
 // Thread safety: CollatedDataLoader is used by one consumer thread; TorchExampleSource's
 // write_sample is called by the workers, each on its own copy of the dataset.
 #pragma once
@@ -171,32 +173,63 @@ class TorchExampleSource final : public ProbedSource {
   std::vector<D> copies_;
 };
 
-// A torch sampler as a conveyor::Sampler: each epoch, reset() and then next(batch_size) until it
-// is exhausted, as torch's loader does; the indices are kept for the epoch, so the shape probe
-// and the engine see the same order. Called by the consumer thread only.
-template <typename S>
-class TorchSamplerAdapter final : public Sampler {
+// The non-template part of TorchSamplerAdapter: a sampler whose order is drawn (draw()), not
+// computed from the epoch, so each epoch's order is kept once drawn (the shape probe and the
+// engine see the same one) and a checkpoint carries it whole. Called by the consumer thread only.
+class DrawnOrderSampler : public Sampler {
  public:
-  TorchSamplerAdapter(S sampler, size_t batch_size)
-      : sampler_(std::move(sampler)), batch_size_(batch_size) {}
-  void indices(size_t, uint64_t epoch, std::vector<size_t>& out) const override {
-    if (epoch != cached_epoch_) {
-      cached_.clear();
-      sampler_.reset(std::nullopt);
-      while (auto request = sampler_.next(batch_size_)) {
-        if (request->empty()) break;
-        cached_.insert(cached_.end(), request->begin(), request->end());
-      }
-      cached_epoch_ = epoch;
+  // An order read from a checkpoint: the epoch it belongs to (none when nothing was drawn).
+  struct SavedOrder {
+    std::optional<uint64_t> epoch;
+    std::vector<size_t> order;
+  };
+  explicit DrawnOrderSampler(size_t dataset_size) : dataset_size_(dataset_size) {}
+  // The kept order when `epoch` is the last epoch drawn (or restored), else a new draw().
+  void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const final;
+  // Writes "sampler" ("torch"), "sampler_order_epoch" (-1 when nothing was drawn) and
+  // "sampler_order" (that epoch's whole order, an int64 tensor).
+  void save(torch::serialize::OutputArchive& archive) const override;
+  // Throws std::invalid_argument naming the field unless read() accepts the archive.
+  void check(torch::serialize::InputArchive& archive) const override;
+  // The order in `archive`, checked (every index below the dataset's size).
+  SavedOrder read(torch::serialize::InputArchive& archive) const;
+  // Serves `saved.order` for `saved.epoch` from now on, instead of drawing that epoch again;
+  // later epochs are drawn as usual.
+  void restore(SavedOrder saved);
+
+ protected:
+  // A new order from the wrapped sampler (its next epoch).
+  virtual void draw(std::vector<size_t>& out) const = 0;
+
+ private:
+  size_t dataset_size_;
+  mutable std::optional<uint64_t> cached_epoch_;
+  mutable std::vector<size_t> cached_;
+};
+
+// A torch sampler as a conveyor::Sampler: each epoch, reset() and then next(batch_size) until it
+// is exhausted, as torch's loader does. reset() draws from torch's global generator
+// (RandomSampler), so an order is not a function of the epoch: a resumed epoch's order comes from
+// the checkpoint, and later epochs from the sampler, as with torch::data.
+template <typename S>
+class TorchSamplerAdapter final : public DrawnOrderSampler {
+ public:
+  TorchSamplerAdapter(S sampler, size_t batch_size, size_t dataset_size)
+      : DrawnOrderSampler(dataset_size), sampler_(std::move(sampler)), batch_size_(batch_size) {}
+
+ protected:
+  void draw(std::vector<size_t>& out) const override {
+    out.clear();
+    sampler_.reset(std::nullopt);
+    while (auto request = sampler_.next(batch_size_)) {
+      if (request->empty()) break;
+      out.insert(out.end(), request->begin(), request->end());
     }
-    out = cached_;
   }
 
  private:
   mutable S sampler_;
   size_t batch_size_;
-  mutable uint64_t cached_epoch_ = UINT64_MAX;
-  mutable std::vector<size_t> cached_;
 };
 
 // --- The engine and the loader.
@@ -210,13 +243,20 @@ class TorchConventionEngine;  // conveyor/detail/torch_data_engine.h
 // TorchConventionEngine, runs every epoch. Destruction waits for a probe in flight (one sample).
 class CollatedEngine {
  public:
-  CollatedEngine(std::shared_ptr<ProbedSource> source, std::unique_ptr<Sampler> sampler,
+  CollatedEngine(std::shared_ptr<ProbedSource> source, std::unique_ptr<DrawnOrderSampler> sampler,
                  const DataLoaderOptions& options);
   ~CollatedEngine();
   CollatedEngine(const CollatedEngine&) = delete;
   CollatedEngine& operator=(const CollatedEngine&) = delete;
   void start_epoch();
   std::optional<Batch> next();
+  // TorchDataLoader::save/load. Before the engine is built (nothing delivered yet, or only the
+  // probe's failures) the position is this object's and is written in DataLoader::save's format;
+  // a position loaded then is applied by the next start_epoch(), and handed to the engine when
+  // the probe has built it. Afterwards both go to the engine. Either way the sampler's order is
+  // restored at once.
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
   void join();
   LoaderStats stats() const;
   std::string mode() const;
@@ -227,7 +267,14 @@ class CollatedEngine {
     size_t index = 0;               // the sample that told the fields, or the first that failed
     size_t batch = 0;               // the batch of `index` in `epoch`
     uint64_t epoch = 0;
+    uint64_t generation = 0;   // the start_epoch() it was started for
     std::exception_ptr error;  // the first failure
+  };
+  // A position in the engine's terms (DataLoader's, for one process).
+  struct Position {
+    uint64_t epoch = 0;
+    size_t received = 0;  // batches delivered (or reported failed) in `epoch`
+    bool complete = false;
   };
   // Waits for the probe (starting one for the current epoch if none runs) until the engine is
   // built; false when the current epoch has no batch left to deliver.
@@ -235,20 +282,30 @@ class CollatedEngine {
   void start_probe();
   [[noreturn]] void throw_probe_timeout() const;
   [[noreturn]] void throw_probe_failure(const ProbeOutcome& outcome) const;
+  // DataLoader::save's format (loader/src/checkpoint.cpp), with the sampler's order.
+  void write_position(torch::serialize::OutputArchive& archive, const Position& p) const;
+  // Checks `archive` as DataLoader::load does (and that it is a one-process position), naming the
+  // field that does not fit; the sampler's order goes to `order`.
+  Position read_position(torch::serialize::InputArchive& archive,
+                         DrawnOrderSampler::SavedOrder& order) const;
 
   std::shared_ptr<ProbedSource> source_;
-  std::unique_ptr<Sampler> sampler_;  // until the engine is built
+  std::unique_ptr<DrawnOrderSampler> sampler_;  // until the engine is built
+  DrawnOrderSampler* drawn_;                    // the sampler, wherever it is
   DataLoaderOptions options_;
   bool joined_ = false;
   // The current epoch, until the engine is built.
   bool started_ = false;
   uint64_t epoch_ = 0;
+  uint64_t generation_ = 0;  // start_epoch() calls
   std::vector<size_t> order_;
-  size_t batches_ = 0;            // batches in the epoch
-  size_t next_batch_ = 0;         // the first batch whose failure was not yet reported
-  std::vector<size_t> reported_;  // samples whose failure the probe reported this epoch
-  uint64_t probe_epoch_ = 0;      // the probe in flight reads sample probe_index_ of batch
-  size_t probe_batch_ = 0;        // probe_batch_ in epoch probe_epoch_
+  size_t batches_ = 0;                     // batches in the epoch
+  size_t next_batch_ = 0;                  // the first batch whose failure was not yet reported
+  std::vector<size_t> reported_;           // samples whose failure the probe reported this epoch
+  std::optional<Position> resume_;         // loaded; applied by the next start_epoch()
+  std::optional<Position> engine_resume_;  // the current epoch resumed at a later batch
+  uint64_t probe_epoch_ = 0;               // the probe in flight reads sample probe_index_ of
+  size_t probe_batch_ = 0;                 // batch probe_batch_ in epoch probe_epoch_
   size_t probe_index_ = 0;
   std::unique_ptr<TorchConventionEngine> engine_;
   std::future<ProbeOutcome> probe_;  // last: destroyed first, waiting for the sample read
@@ -263,11 +320,17 @@ class CollatedDataLoader final : public TorchDataLoader<typename D::BatchType> {
   CollatedDataLoader(D dataset, size_t size, S sampler, const DataLoaderOptions& options)
       : TorchDataLoader<BatchT>(options),
         engine_(std::make_shared<TorchExampleSource<D>>(std::move(dataset), size),
-                std::make_unique<TorchSamplerAdapter<S>>(std::move(sampler), options.batch_size()),
+                std::make_unique<TorchSamplerAdapter<S>>(std::move(sampler), options.batch_size(),
+                                                         size),
                 options) {}
   void join() override { engine_.join(); }
   LoaderStats stats() const override { return engine_.stats(); }
   std::string mode() const override { return engine_.mode(); }
+  void save(torch::serialize::OutputArchive& archive) const override { engine_.save(archive); }
+  void load(torch::serialize::InputArchive& archive) override {
+    engine_.load(archive);
+    this->replaced_by_load();
+  }
 
  protected:
   void start_epoch() override { engine_.start_epoch(); }

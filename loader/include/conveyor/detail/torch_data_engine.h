@@ -9,7 +9,8 @@
 // Guarantees: a sample's failure arrives as conveyor::WorkerError (with workers == 0, the
 // dataset's own exception, unwrapped, as torch::data does); a batch that does not arrive within
 // `timeout` throws torch's c10::Error ("Timeout in DataLoader queue while waiting for next batch
-// ..."); after join(), start_epoch() and next() throw std::logic_error.
+// ..."); after join(), start_epoch() and next() throw std::logic_error; save() and load() are
+// DataLoader's.
 // Thread safety: one consumer thread; the engine's workers are its own.
 #pragma once
 
@@ -35,6 +36,9 @@ class TorchConventionEngine {
   // the caller has already reported; the batch each one fails is passed over once.
   void start_epoch(std::optional<uint64_t> epoch = std::nullopt, std::vector<size_t> reported = {});
   std::optional<Batch> next();
+  // DataLoader::save and DataLoader::load (which see).
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
   void join();
   LoaderStats stats() const;
   // The path's name, ": ", and the engine's mode.
