@@ -60,11 +60,53 @@ void expect_same(const std::string& what, const std::string& saved, const std::s
   }
 }
 
-}  // namespace detail
+void write_position(torch::serialize::OutputArchive& archive, const CheckpointPosition& p,
+                    const OrderShape& shape) {
+  write_int(archive, "conveyor_checkpoint_version", kCheckpointVersion);
+  write_int(archive, "epoch", static_cast<int64_t>(p.epoch));
+  write_int(archive, "order_base", static_cast<int64_t>(p.base));
+  write_int(archive, "order_world_size", static_cast<int64_t>(p.world));
+  write_int(archive, "batches_received", static_cast<int64_t>(p.received));
+  write_int(archive, "epoch_complete", p.complete);
+  write_int(archive, "seed", static_cast<int64_t>(shape.seed));
+  write_int(archive, "batch_size", static_cast<int64_t>(shape.batch_size));
+  write_int(archive, "drop_last", shape.drop_last);
+  write_int(archive, "dataset_size", static_cast<int64_t>(shape.dataset_size));
+}
 
-using detail::expect_same;
-using detail::read_int;
-using detail::write_int;
+void check_shape(torch::serialize::InputArchive& archive, const OrderShape& shape) {
+  expect_same("format version", read_int(archive, "conveyor_checkpoint_version"),
+              kCheckpointVersion);
+  expect_same("batch_size", read_int(archive, "batch_size"),
+              static_cast<int64_t>(shape.batch_size));
+  expect_same("drop_last", read_int(archive, "drop_last"), shape.drop_last);
+  expect_same("dataset size", read_int(archive, "dataset_size"),
+              static_cast<int64_t>(shape.dataset_size));
+  expect_same("seed", read_int(archive, "seed"), static_cast<int64_t>(shape.seed));
+}
+
+CheckpointPosition read_position(torch::serialize::InputArchive& archive, size_t dataset_size) {
+  const int64_t epoch = read_int(archive, "epoch");
+  const int64_t base = read_int(archive, "order_base");
+  const int64_t world = read_int(archive, "order_world_size");
+  const int64_t received = read_int(archive, "batches_received");
+  if (epoch < 0 || base < 0 || world < 1 || received < 0 ||
+      static_cast<size_t>(base) > dataset_size) {
+    throw std::invalid_argument("conveyor: the checkpoint's position (epoch " +
+                                std::to_string(epoch) + ", order base " + std::to_string(base) +
+                                ", world size " + std::to_string(world) + ", batches received " +
+                                std::to_string(received) + ") is not one save() writes");
+  }
+  CheckpointPosition p;
+  p.epoch = static_cast<uint64_t>(epoch);
+  p.base = static_cast<size_t>(base);
+  p.world = static_cast<size_t>(world);
+  p.received = static_cast<size_t>(received);
+  p.complete = read_int(archive, "epoch_complete") != 0;
+  return p;
+}
+
+}  // namespace detail
 
 DataLoader::Impl::Position DataLoader::Impl::position() const {
   if (resume_) return *resume_;  // loaded and not applied yet
@@ -86,51 +128,21 @@ DataLoader::Impl::Position DataLoader::Impl::position() const {
   return p;
 }
 
+detail::OrderShape DataLoader::Impl::order_shape() const {
+  return {options_.seed, options_.batch_size, options_.drop_last, source_->size()};
+}
+
 void DataLoader::Impl::save(torch::serialize::OutputArchive& archive) const {
-  const Position p = position();
-  write_int(archive, "conveyor_checkpoint_version", detail::kCheckpointVersion);
-  write_int(archive, "epoch", static_cast<int64_t>(p.epoch));
-  write_int(archive, "order_base", static_cast<int64_t>(p.base));
-  write_int(archive, "order_world_size", static_cast<int64_t>(p.world));
-  write_int(archive, "batches_received", static_cast<int64_t>(p.received));
-  write_int(archive, "epoch_complete", p.complete);
-  write_int(archive, "seed", static_cast<int64_t>(options_.seed));
-  write_int(archive, "batch_size", static_cast<int64_t>(options_.batch_size));
-  write_int(archive, "drop_last", options_.drop_last);
-  write_int(archive, "dataset_size", static_cast<int64_t>(source_->size()));
+  detail::write_position(archive, position(), order_shape());
   sampler_->save(archive);
 }
 
 void DataLoader::Impl::load(torch::serialize::InputArchive& archive) {
   if (joined_) detail::throw_joined();
   // Everything is read and checked before anything changes.
-  expect_same("format version", read_int(archive, "conveyor_checkpoint_version"),
-              detail::kCheckpointVersion);
-  expect_same("batch_size", read_int(archive, "batch_size"),
-              static_cast<int64_t>(options_.batch_size));
-  expect_same("drop_last", read_int(archive, "drop_last"), options_.drop_last);
-  expect_same("dataset size", read_int(archive, "dataset_size"),
-              static_cast<int64_t>(source_->size()));
-  expect_same("seed", read_int(archive, "seed"), static_cast<int64_t>(options_.seed));
+  detail::check_shape(archive, order_shape());
   sampler_->check(archive);
-  Position p;
-  const int64_t epoch = read_int(archive, "epoch");
-  const int64_t base = read_int(archive, "order_base");
-  const int64_t world = read_int(archive, "order_world_size");
-  const int64_t received = read_int(archive, "batches_received");
-  if (epoch < 0 || base < 0 || world < 1 || received < 0 ||
-      static_cast<size_t>(base) > source_->size()) {
-    throw std::invalid_argument("conveyor: the checkpoint's position (epoch " +
-                                std::to_string(epoch) + ", order base " + std::to_string(base) +
-                                ", world size " + std::to_string(world) + ", batches received " +
-                                std::to_string(received) + ") is not one save() writes");
-  }
-  p.epoch = static_cast<uint64_t>(epoch);
-  p.base = static_cast<size_t>(base);
-  p.world = static_cast<size_t>(world);
-  p.received = static_cast<size_t>(received);
-  p.complete = read_int(archive, "epoch_complete") != 0;
-  resume_ = p;
+  resume_ = detail::read_position(archive, source_->size());
   next_epoch_.reset();
 }
 

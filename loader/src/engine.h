@@ -33,6 +33,7 @@
 #include <torch/serialize/archive.h>
 
 #include "batch_filler.h"
+#include "checkpoint.h"
 #include "conveyor/loader.h"
 #include "device_stager.h"
 #include "errors.h"
@@ -80,14 +81,9 @@ class DataLoader::Impl {
   detail::BatchHeader header(uint32_t slot) const;
 
   // Where an epoch's batches come from, and how far the consumer got: what a checkpoint holds.
-  struct Position {
-    uint64_t epoch = 0;
-    size_t base = 0;        // entries of the epoch's global order consumed before this order
-    size_t world = 1;       // the ranks that shared this order out
-    size_t received = 0;    // batches of this order the consumer received
-    bool complete = false;  // the epoch had no batch left
-  };
+  using Position = detail::CheckpointPosition;
   Position position() const;
+  detail::OrderShape order_shape() const;
   // The order the next epoch starts with, its epoch, base and first batch; applies and clears a
   // pending resume_. Throws (changing nothing) if the sampler does.
   struct EpochStart {

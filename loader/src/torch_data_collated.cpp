@@ -34,6 +34,11 @@ std::string describe_spec(const FieldSpec& spec) {
   return out.str();
 }
 
+// What shapes the order, for checkpoints (loader/src/checkpoint.h).
+OrderShape shape_of(const DataLoaderOptions& options, size_t dataset_size) {
+  return {options.seed(), options.batch_size(), options.drop_last(), dataset_size};
+}
+
 }  // namespace
 
 FieldSpec probe_field(const at::Tensor& tensor, const char* name, size_t index) {
@@ -307,49 +312,33 @@ std::optional<Batch> CollatedEngine::next() {
 
 void CollatedEngine::write_position(torch::serialize::OutputArchive& archive,
                                     const Position& p) const {
-  // DataLoader::Impl::save's fields for one process (order base 0, world size 1); tests/
+  // DataLoader::save's format for one process (order base 0, world size 1); tests/
   // torch_data_resume_test.cpp loads a checkpoint saved before the engine existed into one that
   // has it (DataLoader::load), and the other way round.
-  write_int(archive, "conveyor_checkpoint_version", kCheckpointVersion);
-  write_int(archive, "epoch", static_cast<int64_t>(p.epoch));
-  write_int(archive, "order_base", 0);
-  write_int(archive, "order_world_size", 1);
-  write_int(archive, "batches_received", static_cast<int64_t>(p.received));
-  write_int(archive, "epoch_complete", p.complete);
-  write_int(archive, "seed", static_cast<int64_t>(options_.seed()));
-  write_int(archive, "batch_size", static_cast<int64_t>(options_.batch_size()));
-  write_int(archive, "drop_last", options_.drop_last());
-  write_int(archive, "dataset_size", static_cast<int64_t>(source_->size()));
+  CheckpointPosition position;
+  position.epoch = p.epoch;
+  position.received = p.received;
+  position.complete = p.complete;
+  detail::write_position(archive, position, shape_of(options_, source_->size()));
   drawn_->save(archive);
 }
 
 CollatedEngine::Position CollatedEngine::read_position(torch::serialize::InputArchive& archive,
                                                        DrawnOrderSampler::SavedOrder& order) const {
-  // In DataLoader::Impl::load's order, so that both name the same field first.
-  expect_same("format version", read_int(archive, "conveyor_checkpoint_version"),
-              kCheckpointVersion);
-  expect_same("batch_size", read_int(archive, "batch_size"),
-              static_cast<int64_t>(options_.batch_size()));
-  expect_same("drop_last", read_int(archive, "drop_last"), options_.drop_last());
-  expect_same("dataset size", read_int(archive, "dataset_size"),
-              static_cast<int64_t>(source_->size()));
-  expect_same("seed", read_int(archive, "seed"), static_cast<int64_t>(options_.seed()));
+  // In DataLoader::load's order, so that both name the same field first.
+  check_shape(archive, shape_of(options_, source_->size()));
   order = drawn_->read(archive);
-  const int64_t epoch = read_int(archive, "epoch");
-  const int64_t base = read_int(archive, "order_base");
-  const int64_t world = read_int(archive, "order_world_size");
-  const int64_t received = read_int(archive, "batches_received");
-  const bool complete = read_int(archive, "epoch_complete") != 0;
-  if (epoch < 0 || base != 0 || world != 1 || received < 0) {
-    throw std::invalid_argument(
-        "conveyor: the checkpoint's position (epoch " + std::to_string(epoch) + ", order base " +
-        std::to_string(base) + ", world size " + std::to_string(world) + ", batches received " +
-        std::to_string(received) + ") is not one a loader over a torch dataset saves");
+  const CheckpointPosition saved = detail::read_position(archive, source_->size());
+  if (saved.base != 0 || saved.world != 1) {
+    throw std::invalid_argument("conveyor: the checkpoint's position (order base " +
+                                std::to_string(saved.base) + ", world size " +
+                                std::to_string(saved.world) +
+                                ") is not one a loader over a torch dataset saves");
   }
   Position p;
-  p.epoch = static_cast<uint64_t>(epoch);
-  p.received = static_cast<size_t>(received);
-  p.complete = complete;
+  p.epoch = saved.epoch;
+  p.received = saved.received;
+  p.complete = saved.complete;
   if (!p.complete && p.received > 0 && order.epoch != p.epoch) {
     throw std::invalid_argument("conveyor: the checkpoint's 'sampler_order_epoch' is " +
                                 (order.epoch ? std::to_string(*order.epoch) : std::string("-1")) +
