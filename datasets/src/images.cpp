@@ -18,6 +18,7 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/random.h"
+#include "shards.h"
 
 namespace conveyor {
 
@@ -430,7 +431,11 @@ void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* field
   const ImageItem& item = items_.at(ctx.index);
   const uint8_t* data = nullptr;
   size_t size = 0;
-  if (memory_.empty()) {
+  if (shards_) {
+    shards_->read(ctx.index, item.path, w.file);
+    data = w.file.data();
+    size = w.file.size();
+  } else if (memory_.empty()) {
     read_file(item.path, w.file);
     data = w.file.data();
     size = w.file.size();

@@ -122,7 +122,7 @@ struct ImageItem {
 };
 
 // JPEG images with labels, decoded into "image" (uint8 [3,S,S] or [S,S,3]) and "label" (int64).
-// Items come from a folder tree, a file list, or memory.
+// Items come from a folder tree, a file list, memory, or indexed WebDataset tar shards.
 class ImageSource : public SampleSource {
  public:
   // ImageFolder layout: root/<class>/<image>.jpg|jpeg (any case). Classes are the sorted
@@ -138,6 +138,24 @@ class ImageSource : public SampleSource {
   static std::unique_ptr<ImageSource> in_memory(std::vector<std::vector<uint8_t>> jpegs,
                                                 std::vector<int64_t> labels,
                                                 ImageTransform transform);
+  // WebDataset tar shards on local disk, read at random through their index (random-access mode):
+  // what conveyor-prepare --format wds writes (tools/prepare.cpp), each sample KEY.jpg + KEY.cls.
+  // `shards` are local paths or file:// URLs, each possibly in WebDataset's brace notation
+  // (expand_shard_braces: "train-{000000..000012}.tar"). A shard named PREFIX-NNNNNN.tar (any
+  // number of digits) is indexed by PREFIX.index.json in the same folder. The dataset is the
+  // shards in the order given (after expansion), each shard's samples in the index's order;
+  // labels and classes() come from the index. Each sample is read with one pread() of its .jpg
+  // member and decoded exactly as image_folder() decodes files (same transform, same
+  // SampleContext rules), so samplers, resume and DistributedSampler work as they do there.
+  // describe(i) and items()[i].path read "SHARD (member KEY.jpg)".
+  // Throws std::invalid_argument for an http(s):// or other URL, or a shard without an index
+  // (HTTP and streaming mode are not supported yet), a name that is not PREFIX-NNNNNN.tar, or
+  // malformed braces; std::runtime_error naming the file for a missing or unreadable shard, a
+  // malformed index, a shard the index does not list, or one whose size differs from the index's.
+  // Opens every shard once (one descriptor each, closed with the source); workers share them
+  // through pread(), which takes no lock, so write_sample() is as concurrent as image_folder()'s.
+  static std::unique_ptr<ImageSource> tar_shards(const std::vector<std::string>& shards,
+                                                 ImageTransform transform);
 
   ~ImageSource() override;
   size_t size() const override;
@@ -156,12 +174,21 @@ class ImageSource : public SampleSource {
   ImageSource(std::vector<ImageItem> items, std::vector<std::string> classes,
               std::vector<std::vector<uint8_t>> memory, ImageTransform transform);
   struct Worker;
+  struct Shards;  // datasets/src/shards.h: open shard files and each sample's member
+  std::shared_ptr<const Shards> shards_;  // null unless tar_shards
   std::vector<ImageItem> items_;
   std::vector<std::string> classes_;
   std::vector<std::vector<uint8_t>> memory_;  // empty unless in_memory
   ImageTransform transform_;
   std::vector<std::unique_ptr<Worker>> workers_;
 };
+
+// WebDataset's brace notation: "a-{000000..000003}.tar" is a-000000.tar .. a-000003.tar (numeric
+// ranges, zero-padded to the wider bound when either bound has a leading zero; descending when
+// the first bound is larger) and "{train,val}.tar" is train.tar, val.tar; several and nested
+// braces expand left to right. Text without braces is returned as it is. Throws
+// std::invalid_argument naming the pattern on an unmatched brace.
+std::vector<std::string> expand_shard_braces(const std::string& pattern);
 
 // Reads a whole file into `out` (reusing its capacity). Throws naming the path when the file is
 // missing, not a regular file, unreadable or empty.

@@ -1,0 +1,554 @@
+// ImageSource::tar_shards: WebDataset tar shards on local disk, read at random through the index
+// that conveyor-prepare writes beside them (PREFIX.index.json), one pread() per sample.
+#include "shards.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+namespace conveyor {
+
+// ---------------------------------------------------------------------------------------------
+// Brace notation
+
+namespace {
+
+bool all_digits(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+// Splits `body` (the text between a pair of braces) at its top-level commas.
+std::vector<std::string> split_top_level(const std::string& body) {
+  std::vector<std::string> parts;
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i < body.size(); ++i) {
+    if (body[i] == '{') ++depth;
+    if (body[i] == '}') --depth;
+    if (body[i] == ',' && depth == 0) {
+      parts.push_back(body.substr(start, i - start));
+      start = i + 1;
+    }
+  }
+  parts.push_back(body.substr(start));
+  return parts;
+}
+
+// The alternatives one brace body stands for: a numeric range, a comma list, or itself.
+std::vector<std::string> brace_alternatives(const std::string& pattern, const std::string& body) {
+  const size_t dots = body.find("..");
+  if (dots != std::string::npos && body.find(',') == std::string::npos) {
+    const std::string a = body.substr(0, dots);
+    const std::string b = body.substr(dots + 2);
+    if (all_digits(a) && all_digits(b)) {
+      if (a.size() > 18 || b.size() > 18) {
+        throw std::invalid_argument("shard pattern " + pattern + ": range bound too large");
+      }
+      const long long from = std::stoll(a);
+      const long long to = std::stoll(b);
+      const bool padded = (a.size() > 1 && a[0] == '0') || (b.size() > 1 && b[0] == '0');
+      const size_t width = padded ? std::max(a.size(), b.size()) : 0;
+      const long long step = from <= to ? 1 : -1;
+      if ((to - from) * step >= 10'000'000) {
+        throw std::invalid_argument("shard pattern " + pattern + ": range of over 10^7 names");
+      }
+      std::vector<std::string> out;
+      for (long long v = from;; v += step) {
+        std::string text = std::to_string(v);
+        if (text.size() < width) text.insert(0, width - text.size(), '0');
+        out.push_back(std::move(text));
+        if (v == to) break;
+      }
+      return out;
+    }
+  }
+  std::vector<std::string> parts = split_top_level(body);
+  if (parts.size() < 2) return {"{" + body + "}"};  // as bash and braceexpand: kept as text
+  std::vector<std::string> out;
+  for (const auto& part : parts) {
+    for (auto& e : expand_shard_braces(part)) out.push_back(std::move(e));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> expand_shard_braces(const std::string& pattern) {
+  const size_t open = pattern.find('{');
+  if (open == std::string::npos) {
+    if (pattern.find('}') != std::string::npos) {
+      throw std::invalid_argument("shard pattern " + pattern + ": '}' without '{'");
+    }
+    return {pattern};
+  }
+  if (pattern.substr(0, open).find('}') != std::string::npos) {
+    throw std::invalid_argument("shard pattern " + pattern + ": '}' without '{'");
+  }
+  int depth = 0;
+  size_t close = std::string::npos;
+  for (size_t i = open; i < pattern.size(); ++i) {
+    if (pattern[i] == '{') ++depth;
+    if (pattern[i] == '}' && --depth == 0) {
+      close = i;
+      break;
+    }
+  }
+  if (close == std::string::npos) {
+    throw std::invalid_argument("shard pattern " + pattern + ": '{' without '}'");
+  }
+  const std::string prefix = pattern.substr(0, open);
+  const std::vector<std::string> rest = expand_shard_braces(pattern.substr(close + 1));
+  std::vector<std::string> out;
+  for (const auto& alternative :
+       brace_alternatives(pattern, pattern.substr(open + 1, close - open - 1))) {
+    for (const auto& tail : rest) out.push_back(prefix + alternative + tail);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The index (PREFIX.index.json), as tools/prepare.cpp writes it:
+//   {"format": "conveyor-wds-index", "version": 1, "classes": ["name", ...],
+//    "shards": [{"file": "PREFIX-000000.tar", "bytes": N, "samples": N}, ...],
+//    "samples": [{"shard": "PREFIX-000000.tar", "key": "00000000", "offset": N, "size": N,
+//                 "label": N}, ...]}
+// Keys the reader does not know are skipped.
+
+namespace {
+
+// A strict JSON reader over one document held in memory, just enough for the index: strings,
+// integers, arrays, objects; anything else is skipped as a value or rejected with the position.
+class JsonReader {
+ public:
+  JsonReader(std::string text, std::string file) : text_(std::move(text)), file_(std::move(file)) {}
+
+  [[noreturn]] void fail(const std::string& what) const {
+    throw std::runtime_error("tar_shards: index " + file_ + ": " + what + " at byte " +
+                             std::to_string(pos_));
+  }
+  void skip_space() {
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\n' ||
+                                   text_[pos_] == '\t' || text_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool consume(char c) {
+    skip_space();
+    if (pos_ < text_.size() && text_[pos_] == c) {
+      ++pos_;
+      return true;
+    }
+    return false;
+  }
+  void expect(char c) {
+    if (!consume(c)) fail(std::string("expected '") + c + "'");
+  }
+  void expect_end() {
+    skip_space();
+    if (pos_ != text_.size()) fail("text after the document");
+  }
+  char peek() {
+    skip_space();
+    if (pos_ >= text_.size()) fail("unexpected end");
+    return text_[pos_];
+  }
+
+  std::string string() {
+    expect('"');
+    std::string out;
+    while (true) {
+      if (pos_ >= text_.size()) fail("unterminated string");
+      char c = text_[pos_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
+      if (c != '\\') {
+        out.push_back(c);
+        continue;
+      }
+      if (pos_ >= text_.size()) fail("unterminated string");
+      c = text_[pos_++];
+      switch (c) {
+        case '"':
+        case '\\':
+        case '/':
+          out.push_back(c);
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'u': {
+          uint32_t code = hex4();
+          if (code >= 0xD800 && code < 0xDC00) {
+            if (text_.compare(pos_, 2, "\\u") != 0) fail("unpaired surrogate");
+            pos_ += 2;
+            const uint32_t low = hex4();
+            if (low < 0xDC00 || low >= 0xE000) fail("unpaired surrogate");
+            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+          }
+          append_utf8(out, code);
+          break;
+        }
+        default:
+          fail("bad escape");
+      }
+    }
+  }
+
+  int64_t integer() {
+    skip_space();
+    const size_t start = pos_;
+    if (pos_ < text_.size() && text_[pos_] == '-') ++pos_;
+    while (pos_ < text_.size() && text_[pos_] >= '0' && text_[pos_] <= '9') ++pos_;
+    const std::string digits = text_.substr(start, pos_ - start);
+    if (digits.empty() || digits == "-") fail("expected an integer");
+    if (pos_ < text_.size() && (text_[pos_] == '.' || text_[pos_] == 'e' || text_[pos_] == 'E')) {
+      fail("expected an integer");
+    }
+    errno = 0;
+    char* end = nullptr;
+    const long long v = std::strtoll(digits.c_str(), &end, 10);
+    if (errno != 0) fail("integer out of range");
+    return v;
+  }
+
+  void skip_value() {
+    const char c = peek();
+    if (c == '"') {
+      string();
+    } else if (c == '{') {
+      for_each_member([&](const std::string&) { skip_value(); });
+    } else if (c == '[') {
+      for_each_element([&] { skip_value(); });
+    } else if (text_.compare(pos_, 4, "true") == 0 || text_.compare(pos_, 4, "null") == 0) {
+      pos_ += 4;
+    } else if (text_.compare(pos_, 5, "false") == 0) {
+      pos_ += 5;
+    } else {
+      // A number: integer part, fraction, exponent.
+      const size_t start = pos_;
+      while (pos_ < text_.size() && std::strchr("+-0123456789.eE", text_[pos_]) != nullptr) ++pos_;
+      if (pos_ == start) fail("expected a value");
+    }
+  }
+
+  template <class F>
+  void for_each_member(F&& f) {
+    expect('{');
+    if (consume('}')) return;
+    do {
+      const std::string key = string();
+      expect(':');
+      f(key);
+    } while (consume(','));
+    expect('}');
+  }
+
+  template <class F>
+  void for_each_element(F&& f) {
+    expect('[');
+    if (consume(']')) return;
+    do {
+      f();
+    } while (consume(','));
+    expect(']');
+  }
+
+ private:
+  uint32_t hex4() {
+    if (pos_ + 4 > text_.size()) fail("bad \\u escape");
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      const char c = text_[pos_++];
+      v <<= 4;
+      if (c >= '0' && c <= '9') {
+        v |= static_cast<uint32_t>(c - '0');
+      } else if (c >= 'a' && c <= 'f') {
+        v |= static_cast<uint32_t>(c - 'a' + 10);
+      } else if (c >= 'A' && c <= 'F') {
+        v |= static_cast<uint32_t>(c - 'A' + 10);
+      } else {
+        fail("bad \\u escape");
+      }
+    }
+    return v;
+  }
+  static void append_utf8(std::string& out, uint32_t code) {
+    if (code < 0x80) {
+      out.push_back(static_cast<char>(code));
+    } else if (code < 0x800) {
+      out.push_back(static_cast<char>(0xC0 | (code >> 6)));
+      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+    } else if (code < 0x10000) {
+      out.push_back(static_cast<char>(0xE0 | (code >> 12)));
+      out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+    } else {
+      out.push_back(static_cast<char>(0xF0 | (code >> 18)));
+      out.push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
+      out.push_back(static_cast<char>(0x80 | (code & 0x3F)));
+    }
+  }
+
+  std::string text_;
+  std::string file_;
+  size_t pos_ = 0;
+};
+
+struct IndexSample {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  int64_t label = 0;
+};
+
+struct ShardIndex {
+  std::string path;
+  std::vector<std::string> classes;
+  std::map<std::string, uint64_t> shard_bytes;  // file name -> size the index was written for
+  std::map<std::string, std::vector<IndexSample>> samples;  // file name -> samples in order
+};
+
+ShardIndex read_index(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("tar_shards: cannot open index " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  JsonReader json(text.str(), path);
+  ShardIndex index;
+  index.path = path;
+  bool format_seen = false;
+  auto non_negative = [&](const char* what) {
+    const int64_t v = json.integer();
+    if (v < 0) json.fail(std::string(what) + " is negative");
+    return static_cast<uint64_t>(v);
+  };
+  json.for_each_member([&](const std::string& key) {
+    if (key == "format") {
+      if (json.string() != "conveyor-wds-index") json.fail("format is not conveyor-wds-index");
+      format_seen = true;
+    } else if (key == "version") {
+      if (json.integer() != 1) json.fail("unsupported version (this reader knows 1)");
+    } else if (key == "classes") {
+      json.for_each_element([&] { index.classes.push_back(json.string()); });
+    } else if (key == "shards") {
+      json.for_each_element([&] {
+        std::string file;
+        uint64_t bytes = 0;
+        bool has_bytes = false;
+        json.for_each_member([&](const std::string& field) {
+          if (field == "file") {
+            file = json.string();
+          } else if (field == "bytes") {
+            bytes = non_negative("bytes");
+            has_bytes = true;
+          } else {
+            json.skip_value();
+          }
+        });
+        if (file.empty() || !has_bytes) json.fail("a shard without file or bytes");
+        index.shard_bytes[file] = bytes;
+      });
+    } else if (key == "samples") {
+      json.for_each_element([&] {
+        std::string shard;
+        IndexSample s;
+        int fields = 0;
+        json.for_each_member([&](const std::string& field) {
+          if (field == "shard") {
+            shard = json.string();
+            fields |= 1;
+          } else if (field == "key") {
+            s.key = json.string();
+            fields |= 2;
+          } else if (field == "offset") {
+            s.offset = non_negative("offset");
+            fields |= 4;
+          } else if (field == "size") {
+            s.size = non_negative("size");
+            fields |= 8;
+          } else if (field == "label") {
+            s.label = json.integer();
+            fields |= 16;
+          } else {
+            json.skip_value();
+          }
+        });
+        if (fields != 31) json.fail("a sample without shard, key, offset, size or label");
+        index.samples[shard].push_back(std::move(s));
+      });
+    } else {
+      json.skip_value();
+    }
+  });
+  json.expect_end();
+  if (!format_seen) json.fail("no \"format\": \"conveyor-wds-index\"");
+  for (const auto& [shard, samples] : index.samples) {
+    if (!index.shard_bytes.count(shard)) {
+      throw std::runtime_error("tar_shards: index " + path + ": samples in " + shard +
+                               ", which its \"shards\" does not list");
+    }
+  }
+  return index;
+}
+
+// "file:///a/b%20c.tar" -> "/a/b c.tar"; a plain path is returned as it is. Other URLs throw.
+std::string local_path(const std::string& shard) {
+  const size_t scheme = shard.find("://");
+  if (scheme == std::string::npos) return shard;
+  const std::string name = shard.substr(0, scheme);
+  if (name == "http" || name == "https") {
+    throw std::invalid_argument("tar_shards: " + shard +
+                                ": HTTP(S) shards are not supported yet (local paths and "
+                                "file:// URLs only; HTTP and streaming mode come later)");
+  }
+  if (name != "file") {
+    throw std::invalid_argument("tar_shards: " + shard + ": unsupported URL scheme '" + name +
+                                "' (local paths and file:// URLs only)");
+  }
+  std::string rest = shard.substr(scheme + 3);
+  if (rest.rfind("localhost/", 0) == 0) rest.erase(0, 9);
+  if (rest.empty() || rest[0] != '/') {
+    throw std::invalid_argument("tar_shards: " + shard +
+                                ": a file:// URL needs an absolute path (file:///path)");
+  }
+  std::string out;
+  for (size_t i = 0; i < rest.size(); ++i) {
+    if (rest[i] == '%' && i + 2 < rest.size() &&
+        std::isxdigit(static_cast<unsigned char>(rest[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(rest[i + 2]))) {
+      out.push_back(static_cast<char>(std::stoi(rest.substr(i + 1, 2), nullptr, 16)));
+      i += 2;
+    } else {
+      out.push_back(rest[i]);
+    }
+  }
+  return out;
+}
+
+// PREFIX-NNNNNN.tar -> PREFIX.index.json in the same folder.
+std::string index_path_for(const std::string& shard) {
+  const std::filesystem::path path(shard);
+  const std::string name = path.filename().string();
+  const size_t dash = name.rfind('-');
+  const bool ok = name.size() > 4 && name.compare(name.size() - 4, 4, ".tar") == 0 &&
+                  dash != std::string::npos && dash > 0 &&
+                  all_digits(name.substr(dash + 1, name.size() - 4 - dash - 1));
+  if (!ok) {
+    throw std::invalid_argument("tar_shards: " + shard +
+                                ": a shard must be named PREFIX-NNNNNN.tar so that its index "
+                                "PREFIX.index.json can be found");
+  }
+  return (path.parent_path() / (name.substr(0, dash) + ".index.json")).string();
+}
+
+}  // namespace
+
+std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::string>& shards,
+                                                     ImageTransform transform) {
+  std::vector<std::string> paths;
+  for (const auto& pattern : shards) {
+    for (auto& expanded : expand_shard_braces(pattern)) paths.push_back(local_path(expanded));
+  }
+  if (paths.empty()) throw std::invalid_argument("tar_shards: no shards given");
+
+  std::map<std::string, ShardIndex> indexes;  // by index path
+  auto shared = std::make_shared<Shards>();
+  std::vector<ImageItem> items;
+  const std::vector<std::string>* classes = nullptr;
+  for (const auto& path : paths) {
+    const std::string index_path = index_path_for(path);
+    auto found = indexes.find(index_path);
+    if (found == indexes.end()) {
+      std::error_code ec;
+      if (!std::filesystem::is_regular_file(index_path, ec)) {
+        throw std::invalid_argument("tar_shards: " + path + ": no index " + index_path +
+                                    " beside it; shards without an index (streaming mode) are "
+                                    "not supported yet");
+      }
+      found = indexes.emplace(index_path, read_index(index_path)).first;
+    }
+    const ShardIndex& index = found->second;
+    if (classes == nullptr) {
+      classes = &index.classes;
+    } else if (*classes != index.classes) {
+      throw std::invalid_argument("tar_shards: " + path + ": its index " + index_path +
+                                  " names other classes than the first shard's index");
+    }
+    const std::string name = std::filesystem::path(path).filename().string();
+    const auto bytes = index.shard_bytes.find(name);
+    if (bytes == index.shard_bytes.end()) {
+      throw std::runtime_error("tar_shards: " + path + " is not listed in its index " + index_path);
+    }
+
+    detail::ShardFile file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+    if (file.get() < 0) {
+      throw std::runtime_error("tar_shards: cannot open shard " + path + ": " +
+                               std::strerror(errno));
+    }
+    struct stat st {};
+    if (::fstat(file.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      throw std::runtime_error("tar_shards: shard " + path + " is not a regular file");
+    }
+    const auto size = static_cast<uint64_t>(st.st_size);
+    if (size != bytes->second) {
+      throw std::runtime_error("tar_shards: shard " + path + " is " + std::to_string(size) +
+                               " bytes but its index " + index_path + " says " +
+                               std::to_string(bytes->second) +
+                               " (rewritten or truncated since the index was written?)");
+    }
+    if (shared->files.size() >= std::numeric_limits<uint32_t>::max()) {
+      throw std::invalid_argument("tar_shards: too many shards");
+    }
+    const auto shard_number = static_cast<uint32_t>(shared->files.size());
+    shared->paths.push_back(path);
+    shared->files.push_back(std::move(file));
+    const auto samples = index.samples.find(name);
+    if (samples == index.samples.end()) continue;  // a shard may hold no sample
+    for (const IndexSample& s : samples->second) {
+      if (s.size == 0 || s.offset > size || s.size > size - s.offset ||
+          s.size > std::numeric_limits<size_t>::max() / 2) {
+        throw std::runtime_error("tar_shards: index " + index_path + ": sample " + s.key +
+                                 ".jpg lies outside shard " + path);
+      }
+      shared->members.push_back({shard_number, s.offset, s.size});
+      items.push_back({path + " (member " + s.key + ".jpg)", s.label});
+    }
+  }
+  if (items.empty()) throw std::runtime_error("tar_shards: the shards hold no samples");
+  std::unique_ptr<ImageSource> source(new ImageSource(
+      std::move(items), classes ? *classes : std::vector<std::string>{}, {}, transform));
+  source->shards_ = std::move(shared);
+  return source;
+}
+
+}  // namespace conveyor

@@ -1,0 +1,463 @@
+// Sharded datasets (issue 13, first slice): conveyor-prepare writes WebDataset tar shards and their
+// index from an ImageFolder; ImageSource::tar_shards reads them back through the index, sample for
+// sample and byte for byte what the folder gives, under the same samplers; undecodable inputs are
+// skipped or stop the run; Python's tarfile reads the shards (shards_tarfile_check.py).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <torch/serialize.h>
+
+#include "conveyor/loader.h"
+#include "test_support.h"
+
+namespace conveyor {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::make_small_folder;
+using testing::TempDir;
+using testing::write_bytes;
+
+struct CommandResult {
+  int status = -1;  // exit status
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs `command` through the shell, capturing its stdout and stderr.
+CommandResult run(const std::string& command, const TempDir& dir) {
+  const fs::path out = dir / "run.out";
+  const fs::path err = dir / "run.err";
+  const int raw = std::system((command + " >" + out.string() + " 2>" + err.string()).c_str());
+  CommandResult r;
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+CommandResult prepare(const std::string& args, const TempDir& dir) {
+  return run(std::string(CONVEYOR_PREPARE) + " " + args, dir);
+}
+
+const std::vector<std::string> kClasses = {"ant", "bee", "cow"};
+
+ImageTransform small_train() {
+  ImageTransform t = ImageTransform::train(24);
+  return t;
+}
+
+// Every batch of one epoch: indices, labels and images.
+struct Epoch {
+  std::vector<std::vector<size_t>> indices;
+  std::vector<at::Tensor> labels;
+  std::vector<at::Tensor> images;
+};
+
+Epoch read_epoch(std::shared_ptr<SampleSource> source, std::unique_ptr<Sampler> sampler,
+                 uint64_t epoch = 0, size_t workers = 2) {
+  LoaderOptions options;
+  options.batch_size = 5;
+  options.workers = workers;
+  options.seed = 7;
+  DataLoader loader(std::move(source), options, std::move(sampler));
+  loader.set_epoch(epoch);
+  Epoch e;
+  for (Batch& batch : loader) {
+    e.indices.push_back(batch.indices);
+    e.labels.push_back(batch.labels().clone());
+    e.images.push_back(batch.images().clone());
+  }
+  return e;
+}
+
+void expect_same(const Epoch& a, const Epoch& b) {
+  ASSERT_EQ(a.indices.size(), b.indices.size());
+  ASSERT_FALSE(a.indices.empty());
+  for (size_t i = 0; i < a.indices.size(); ++i) {
+    EXPECT_EQ(a.indices[i], b.indices[i]) << "batch " << i;
+    EXPECT_TRUE(at::equal(a.labels[i], b.labels[i])) << "batch " << i;
+    EXPECT_TRUE(at::equal(a.images[i], b.images[i])) << "batch " << i;
+  }
+}
+
+// A folder of 3 classes x 7 images of 64x48 (about 6-7 kB each) prepared into shards of 32 kB, so
+// that the 21 samples spread over several shards.
+struct Prepared {
+  TempDir dir;
+  fs::path folder = dir / "folder";
+  fs::path prefix = dir / "shards" / "train";
+  CommandResult result;
+  Prepared(const std::string& extra = "") {
+    make_small_folder(folder, kClasses, 7);
+    result = prepare(folder.string() + " " + prefix.string() +
+                         " --format wds --shard-size 32K --workers 2 " + extra,
+                     dir);
+  }
+  std::vector<std::string> shard_paths() const {
+    std::vector<std::string> paths;
+    for (size_t i = 0;; ++i) {
+      char name[32];
+      std::snprintf(name, sizeof name, "-%06zu.tar", i);
+      const std::string p = prefix.string() + name;
+      if (!fs::exists(p)) return paths;
+      paths.push_back(p);
+    }
+  }
+};
+
+TEST(ShardsTest, PreparedShardsReadBackAsTheFolder) {
+  Prepared p;
+  ASSERT_EQ(p.result.status, 0) << p.result.err;
+  EXPECT_NE(p.result.out.find("21 samples written, 0 skipped"), std::string::npos) << p.result.out;
+  const auto shards = p.shard_paths();
+  ASSERT_GE(shards.size(), 3u) << p.result.err;
+  EXPECT_LE(shards.size(), 7u) << "most shards should hold several samples";
+  EXPECT_TRUE(fs::exists(p.prefix.string() + ".index.json"));
+  EXPECT_NE(p.result.err.find("wrote " + shards[0]), std::string::npos) << p.result.err;
+
+  auto folder = std::shared_ptr<ImageSource>(ImageSource::image_folder(p.folder, small_train()));
+  auto tars = std::shared_ptr<ImageSource>(ImageSource::tar_shards(shards, small_train()));
+  ASSERT_EQ(tars->size(), folder->size());
+  EXPECT_EQ(tars->classes(), folder->classes());
+  for (size_t i = 0; i < folder->size(); ++i) {
+    EXPECT_EQ(tars->items()[i].label, folder->items()[i].label) << i;
+  }
+  char member[32];
+  std::snprintf(member, sizeof member, "%08d.jpg", 20);
+  EXPECT_NE(tars->describe(20).find(".tar (member " + std::string(member) + ")"), std::string::npos)
+      << tars->describe(20);
+  EXPECT_EQ(tars->describe(20).rfind(p.prefix.string() + "-", 0), 0u) << tars->describe(20);
+
+  // Same sampler, seed and transform: the same batches, byte for byte, in two epochs, with
+  // another worker count, and through the distributed sampler on each of 2 ranks.
+  for (uint64_t epoch : {0, 1}) {
+    expect_same(read_epoch(folder, RandomSampler::make(3), epoch),
+                read_epoch(tars, RandomSampler::make(3), epoch, 3));
+  }
+  for (size_t rank : {0, 1}) {
+    expect_same(read_epoch(folder, DistributedSampler::make(rank, 2, true, 5)),
+                read_epoch(tars, DistributedSampler::make(rank, 2, true, 5)));
+  }
+  // Evaluation transform, sequential order.
+  auto folder_eval = std::shared_ptr<ImageSource>(
+      ImageSource::image_folder(p.folder, ImageTransform::eval(24, 28)));
+  auto tars_eval =
+      std::shared_ptr<ImageSource>(ImageSource::tar_shards(shards, ImageTransform::eval(24, 28)));
+  expect_same(read_epoch(folder_eval, nullptr), read_epoch(tars_eval, nullptr));
+}
+
+TEST(ShardsTest, ResumeMidEpochOverShards) {
+  Prepared p;
+  ASSERT_EQ(p.result.status, 0) << p.result.err;
+  auto tars = std::shared_ptr<ImageSource>(ImageSource::tar_shards(p.shard_paths(), small_train()));
+  const Epoch whole = read_epoch(tars, RandomSampler::make(3), 1);
+  LoaderOptions options;
+  options.batch_size = 5;
+  options.workers = 2;
+  options.seed = 7;
+  std::string checkpoint;
+  {
+    DataLoader first(tars, options, RandomSampler::make(3));
+    first.set_epoch(1);
+    auto it = first.begin();
+    ++it;  // 2 batches received
+    torch::serialize::OutputArchive archive;
+    first.save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    checkpoint = out.str();
+  }
+  DataLoader resumed(tars, options, RandomSampler::make(3));
+  torch::serialize::InputArchive archive;
+  std::istringstream in(checkpoint);
+  archive.load_from(in);
+  resumed.load(archive);
+  size_t b = 2;
+  for (Batch& batch : resumed) {
+    ASSERT_LT(b, whole.indices.size());
+    EXPECT_EQ(batch.indices, whole.indices[b]) << b;
+    EXPECT_TRUE(at::equal(batch.images(), whole.images[b])) << b;
+    EXPECT_TRUE(at::equal(batch.labels(), whole.labels[b])) << b;
+    ++b;
+  }
+  EXPECT_EQ(b, whole.indices.size());
+}
+
+TEST(ShardsTest, PythonTarfileReadsTheShards) {
+  Prepared p;
+  ASSERT_EQ(p.result.status, 0) << p.result.err;
+  TempDir scratch;
+  const CommandResult check = run(std::string(CONVEYOR_PYTHON3) + " " + SHARDS_TARFILE_CHECK + " " +
+                                      p.prefix.string() + ".index.json 21",
+                                  scratch);
+  EXPECT_EQ(check.status, 0) << check.err << check.out;
+  EXPECT_NE(check.out.find("ok: 21 samples"), std::string::npos) << check.out;
+}
+
+TEST(ShardsTest, SameInputsSameBytesWhateverTheWorkers) {
+  TempDir dir;
+  make_small_folder(dir / "folder", kClasses, 5);
+  for (const char* run_name : {"a", "b"}) {
+    const std::string workers = std::string(run_name) == "a" ? "1" : "3";
+    const CommandResult r =
+        prepare((dir / "folder").string() + " " + (dir / run_name / "train").string() +
+                    " --format wds --shard-size 24K --workers " + workers,
+                dir);
+    ASSERT_EQ(r.status, 0) << r.err;
+  }
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(dir / "a")) {
+    const auto name = entry.path().filename();
+    EXPECT_EQ(slurp(entry.path()), slurp(dir / "b" / name)) << name;
+    EXPECT_EQ(name.string().find(".tmp"), std::string::npos) << "temporary file left: " << name;
+    ++files;
+  }
+  EXPECT_GE(files, 3u);  // shards and the index
+}
+
+TEST(ShardsTest, CorruptInputIsSkippedOrStopsTheRun) {
+  TempDir dir;
+  const fs::path folder = dir / "folder";
+  make_small_folder(folder, kClasses, 4);
+  // A truncated JPEG in the middle class: it reads, but does not decode.
+  const fs::path bad = folder / "bee" / "img2.jpg";
+  auto bytes = make_photo_jpeg(64, 48, 99);
+  bytes.resize(bytes.size() / 3);
+  write_bytes(bad, bytes);
+
+  const CommandResult skip =
+      prepare(folder.string() + " " + (dir / "s" / "train").string() +
+                  " --format wds --shard-size 32K --workers 2 --on-error skip",
+              dir);
+  ASSERT_EQ(skip.status, 0) << skip.err;
+  EXPECT_NE(skip.out.find("11 samples written, 1 skipped"), std::string::npos) << skip.out;
+  EXPECT_NE(skip.err.find(bad.string()), std::string::npos) << skip.err;
+  std::vector<std::string> all;
+  for (const auto& entry : fs::directory_iterator(dir / "s")) {
+    if (entry.path().extension() == ".tar") all.push_back(entry.path().string());
+  }
+  std::sort(all.begin(), all.end());
+  auto source = ImageSource::tar_shards(all, small_train());
+  ASSERT_EQ(source->size(), 11u);
+  auto original = ImageSource::image_folder(folder, small_train());
+  std::vector<int64_t> expected;
+  for (const auto& item : original->items()) {
+    if (item.path != bad.string()) expected.push_back(item.label);
+  }
+  for (size_t i = 0; i < expected.size(); ++i) EXPECT_EQ(source->items()[i].label, expected[i]);
+  for (size_t i = 0; i < source->size(); ++i) {
+    EXPECT_EQ(source->describe(i).find("00000006.jpg"), std::string::npos)  // img2 of bee
+        << "the skipped input is in the shards: " << source->describe(i);
+  }
+
+  const CommandResult stop =
+      prepare(folder.string() + " " + (dir / "r" / "train").string() +
+                  " --format wds --shard-size 32K --workers 2 --on-error raise",
+              dir);
+  EXPECT_EQ(stop.status, 1) << stop.out << stop.err;
+  EXPECT_NE(stop.err.find(bad.string()), std::string::npos) << stop.err;
+  EXPECT_NE(stop.out.find("1 failed"), std::string::npos) << stop.out;
+  EXPECT_FALSE(fs::exists(dir / "r" / "train.index.json"));
+  for (const auto& entry : fs::directory_iterator(dir / "r")) {
+    EXPECT_EQ(entry.path().string().find(".tmp"), std::string::npos) << entry.path();
+  }
+}
+
+TEST(ShardsTest, BraceNotation) {
+  EXPECT_EQ(expand_shard_braces("a-{000000..000002}.tar"),
+            (std::vector<std::string>{"a-000000.tar", "a-000001.tar", "a-000002.tar"}));
+  EXPECT_EQ(expand_shard_braces("{train,val}-{8..10}.tar"),
+            (std::vector<std::string>{"train-8.tar", "train-9.tar", "train-10.tar", "val-8.tar",
+                                      "val-9.tar", "val-10.tar"}));
+  EXPECT_EQ(expand_shard_braces("x-{3..1}"), (std::vector<std::string>{"x-3", "x-2", "x-1"}));
+  EXPECT_EQ(expand_shard_braces("{a,b{1,2}}"), (std::vector<std::string>{"a", "b1", "b2"}));
+  EXPECT_EQ(expand_shard_braces("plain.tar"), (std::vector<std::string>{"plain.tar"}));
+  EXPECT_EQ(expand_shard_braces("{x}.tar"), (std::vector<std::string>{"{x}.tar"}));
+  EXPECT_THROW(expand_shard_braces("a-{000..001.tar"), std::invalid_argument);
+  EXPECT_THROW(expand_shard_braces("a-}.tar"), std::invalid_argument);
+
+  Prepared p;
+  ASSERT_EQ(p.result.status, 0) << p.result.err;
+  const auto shards = p.shard_paths();
+  char last[16];
+  std::snprintf(last, sizeof last, "%06zu", shards.size() - 1);
+  auto listed = ImageSource::tar_shards(shards, small_train());
+  auto braced =
+      ImageSource::tar_shards({p.prefix.string() + "-{000000.." + last + "}.tar"}, small_train());
+  auto url = ImageSource::tar_shards(
+      {"file://" + p.prefix.string() + "-{000000.." + last + "}.tar"}, small_train());
+  ASSERT_EQ(braced->size(), listed->size());
+  ASSERT_EQ(url->size(), listed->size());
+  for (size_t i = 0; i < listed->size(); ++i) {
+    EXPECT_EQ(braced->describe(i), listed->describe(i));
+    EXPECT_EQ(url->describe(i), listed->describe(i));
+  }
+  // A subset of the shards is a dataset of their samples.
+  auto first = ImageSource::tar_shards({shards[0]}, small_train());
+  EXPECT_GT(first->size(), 0u);
+  EXPECT_LT(first->size(), listed->size());
+}
+
+TEST(ShardsTest, UnsupportedSourcesAreRefusedClearly) {
+  for (const std::string url : {"http://example.com/train-000000.tar",
+                                "https://bucket.example.com/train-{000000..000003}.tar"}) {
+    try {
+      ImageSource::tar_shards({url}, small_train());
+      ADD_FAILURE() << "no exception for " << url;
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("not supported yet"), std::string::npos) << what;
+      EXPECT_NE(what.find("http"), std::string::npos) << what;
+    }
+  }
+  TempDir dir;
+  write_bytes(dir / "orphan-000000.tar", std::vector<uint8_t>(1024, 0));
+  try {
+    ImageSource::tar_shards({(dir / "orphan-000000.tar").string()}, small_train());
+    ADD_FAILURE() << "no exception for a shard without an index";
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("orphan.index.json"), std::string::npos) << what;
+    EXPECT_NE(what.find("not supported yet"), std::string::npos) << what;
+  }
+  EXPECT_THROW(ImageSource::tar_shards({(dir / "unnumbered.tar").string()}, small_train()),
+               std::invalid_argument);
+  EXPECT_THROW(ImageSource::tar_shards({}, small_train()), std::invalid_argument);
+}
+
+TEST(ShardsTest, ShardChangedSinceTheIndexIsRefused) {
+  Prepared p;
+  ASSERT_EQ(p.result.status, 0) << p.result.err;
+  const auto shards = p.shard_paths();
+  fs::resize_file(shards[1], fs::file_size(shards[1]) - 512);
+  try {
+    ImageSource::tar_shards(shards, small_train());
+    ADD_FAILURE() << "no exception for a truncated shard";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(shards[1]), std::string::npos) << e.what();
+  }
+}
+
+TEST(ShardsTest, CorruptMemberFailsItsSampleNamingShardAndMember) {
+  Prepared p;
+  ASSERT_EQ(p.result.status, 0) << p.result.err;
+  const auto shards = p.shard_paths();
+  auto probe = ImageSource::tar_shards(shards, small_train());
+  // Overwrite sample 4's JPEG data in place (the shard keeps its size): its decode fails.
+  const std::string index = slurp(p.prefix.string() + ".index.json");
+  const size_t entry = index.find("\"key\": \"00000004\"");
+  ASSERT_NE(entry, std::string::npos);
+  const size_t at = index.find("\"offset\": ", entry) + 10;
+  const uint64_t offset = std::stoull(index.substr(at));
+  const std::string shard = probe->describe(4).substr(0, probe->describe(4).find(" (member"));
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    const std::string junk(64, 'x');
+    f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+  }
+  auto source = std::shared_ptr<ImageSource>(ImageSource::tar_shards(shards, small_train()));
+  LoaderOptions options;
+  options.batch_size = 3;
+  options.workers = 2;
+  {
+    DataLoader loader(source, options);
+    try {
+      for (Batch& batch : loader) (void)batch;
+      ADD_FAILURE() << "no error for the corrupt member";
+    } catch (const SampleError& e) {
+      EXPECT_EQ(e.index(), 4u);
+      EXPECT_NE(e.path().find(shard), std::string::npos) << e.path();
+      EXPECT_NE(e.path().find("00000004.jpg"), std::string::npos) << e.path();
+    }
+  }
+  options.on_error = ErrorPolicy::kSkip;
+  DataLoader loader(source, options);
+  size_t samples = 0;
+  for (Batch& batch : loader) {
+    for (size_t i : batch.indices) EXPECT_NE(i, 4u);
+    samples += batch.size();
+  }
+  EXPECT_EQ(samples, source->size());  // a substitute took its row
+  EXPECT_EQ(loader.stats().skipped, 1u);
+}
+
+TEST(ShardsTest, FolderFormatWritesAnImageFolder) {
+  TempDir dir;
+  make_small_folder(dir / "folder", kClasses, 3);
+  const CommandResult r = prepare(
+      (dir / "folder").string() + " " + (dir / "copy").string() + " --format folder --workers 2",
+      dir);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("9 samples written, 0 skipped"), std::string::npos) << r.out;
+  auto original = ImageSource::image_folder(dir / "folder", small_train());
+  auto copy = ImageSource::image_folder(dir / "copy", small_train());
+  ASSERT_EQ(copy->size(), original->size());
+  EXPECT_EQ(copy->classes(), original->classes());
+  for (size_t i = 0; i < copy->size(); ++i) {
+    EXPECT_EQ(copy->items()[i].label, original->items()[i].label);
+    EXPECT_EQ(slurp(copy->items()[i].path), slurp(original->items()[i].path)) << i;
+  }
+  // A second run into the same, now full, folder is refused.
+  const CommandResult again =
+      prepare((dir / "folder").string() + " " + (dir / "copy").string() + " --format folder", dir);
+  EXPECT_EQ(again.status, 1) << again.err;
+}
+
+TEST(ShardsTest, FileListKeepsItsLabels) {
+  TempDir dir;
+  make_small_folder(dir / "folder", kClasses, 2);
+  const std::vector<int64_t> labels = {2, 0, 11, 2};
+  {
+    std::ofstream list(dir / "list.txt");
+    list << "folder/ant/img0.jpg\t2\nfolder/ant/img1.jpg\t0\n"
+         << (dir / "folder" / "bee" / "img0.jpg").string() << "\t11\nfolder/cow/img1.jpg\t2\n";
+  }
+  const CommandResult shards = prepare(
+      (dir / "list.txt").string() + " " + (dir / "s" / "list").string() + " --format wds", dir);
+  ASSERT_EQ(shards.status, 0) << shards.err;
+  auto source = ImageSource::tar_shards({(dir / "s" / "list-000000.tar").string()}, small_train());
+  ASSERT_EQ(source->size(), labels.size());
+  EXPECT_TRUE(source->classes().empty());
+  for (size_t i = 0; i < labels.size(); ++i) EXPECT_EQ(source->items()[i].label, labels[i]);
+
+  const CommandResult folder = prepare(
+      (dir / "list.txt").string() + " " + (dir / "copy").string() + " --format folder", dir);
+  ASSERT_EQ(folder.status, 0) << folder.err;
+  auto copy = ImageSource::image_folder(dir / "copy", small_train());
+  ASSERT_EQ(copy->classes().size(), 12u);  // 00 .. 11, empty ones included
+  EXPECT_EQ(copy->classes()[11], "11");
+  std::vector<int64_t> got;
+  for (const auto& item : copy->items()) got.push_back(item.label);
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 2, 2, 11}));  // by label, then by key
+}
+
+TEST(ShardsTest, UsageErrors) {
+  TempDir dir;
+  EXPECT_EQ(prepare("", dir).status, 2);
+  EXPECT_EQ(prepare("a b --format zip", dir).status, 2);
+  const CommandResult restart = prepare("a b --format wds --restart 3", dir);
+  EXPECT_EQ(restart.status, 2);
+  EXPECT_NE(restart.err.find("not implemented yet"), std::string::npos) << restart.err;
+  const CommandResult help = prepare("--help", dir);
+  EXPECT_EQ(help.status, 0);
+  EXPECT_NE(help.out.find("--shard-size"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace conveyor
