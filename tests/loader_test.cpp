@@ -366,14 +366,16 @@ TEST(Loader, TimeoutTurnsAStuckWorkerIntoAnError) {
   LoaderOptions o;
   o.batch_size = 4;
   o.workers = 2;
-  o.timeout = 200ms;
+  // The first batch must arrive within the timeout too, with threads starting on a loaded machine
+  // under ThreadSanitizer (200 ms was once too short there), so the timeout is generous.
+  o.timeout = 2000ms;
   DataLoader loader(source, o);
   EXPECT_TRUE(loader.next());
   try {
     loader.next();
     ADD_FAILURE() << "expected a TimeoutError";
   } catch (const TimeoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("200 ms"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2000 ms"), std::string::npos) << e.what();
   }
   source->unstall();
   auto late = loader.next();  // the batch still arrives once the worker is unstuck

@@ -124,7 +124,8 @@ std::vector<int64_t> to_vector_of(const std::vector<int64_t>& batch) { return ba
 
 // The timeout covers the first batch too: on the collated path the shapes are learnt on a
 // background thread, and the consumer waits for it no longer than the timeout. The first sample
-// in sampler order sleeps 1 s (once); the error comes within 50 ms, a later dereference waits
+// in sampler order sleeps 1 s (once); the error comes well before that read ends (within 700 ms,
+// a bound loose enough for a loaded machine), a later dereference waits
 // again for the same batch, and destroying a loader whose first read still runs returns.
 template <typename MakeLoader>
 void expect_first_batch_timeout(const MakeLoader& make_loader, const char* who) {
@@ -133,7 +134,7 @@ void expect_first_batch_timeout(const MakeLoader& make_loader, const char* who) 
   auto it = loader->begin();
   auto t0 = std::chrono::steady_clock::now();
   EXPECT_THROW(*it, c10::Error);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 50ms);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 700ms);
   const std::string message = message_of([&] { *it; });  // waits again, times out again
   EXPECT_NE(message.find("Timeout in DataLoader queue while waiting for next batch (timeout was "
                          "10 ms)"),
@@ -157,7 +158,7 @@ void expect_first_batch_timeout(const MakeLoader& make_loader, const char* who) 
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
 }
 
-TEST(TorchDataTimeout, FirstBatchTimesOutWithinFiftyMsOnTheCollatedAndBatchedPaths) {
+TEST(TorchDataTimeout, FirstBatchTimesOutBeforeTheSlowReadEndsOnTheCollatedAndBatchedPaths) {
   testing::finishes_within(60s, "first-batch timeouts", [] {
     expect_first_batch_timeout(
         [] {
