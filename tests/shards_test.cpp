@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include <torch/serialize.h>
 
 #include "conveyor/loader.h"
+#include "shards_test_support.h"
 #include "test_support.h"
 
 namespace conveyor {
@@ -26,99 +28,7 @@ namespace fs = std::filesystem;
 using testing::make_small_folder;
 using testing::TempDir;
 using testing::write_bytes;
-
-struct CommandResult {
-  int status = -1;  // exit status
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-// Runs `command` through the shell, capturing its stdout and stderr.
-CommandResult run(const std::string& command, const TempDir& dir) {
-  const fs::path out = dir / "run.out";
-  const fs::path err = dir / "run.err";
-  const int raw = std::system((command + " >" + out.string() + " 2>" + err.string()).c_str());
-  CommandResult r;
-  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  r.out = slurp(out);
-  r.err = slurp(err);
-  return r;
-}
-
-CommandResult prepare(const std::string& args, const TempDir& dir) {
-  return run(std::string(CONVEYOR_PREPARE) + " " + args, dir);
-}
-
-const std::vector<std::string> kClasses = {"ant", "bee", "cow"};
-
-ImageTransform small_train() {
-  ImageTransform t = ImageTransform::train(24);
-  return t;
-}
-
-// Every batch of one epoch: indices, labels and images.
-struct Epoch {
-  std::vector<std::vector<size_t>> indices;
-  std::vector<at::Tensor> labels;
-  std::vector<at::Tensor> images;
-};
-
-Epoch read_epoch(std::shared_ptr<SampleSource> source, std::unique_ptr<Sampler> sampler,
-                 uint64_t epoch = 0, size_t workers = 2) {
-  LoaderOptions options;
-  options.batch_size = 5;
-  options.workers = workers;
-  options.seed = 7;
-  DataLoader loader(std::move(source), options, std::move(sampler));
-  loader.set_epoch(epoch);
-  Epoch e;
-  for (Batch& batch : loader) {
-    e.indices.push_back(batch.indices);
-    e.labels.push_back(batch.labels().clone());
-    e.images.push_back(batch.images().clone());
-  }
-  return e;
-}
-
-void expect_same(const Epoch& a, const Epoch& b) {
-  ASSERT_EQ(a.indices.size(), b.indices.size());
-  ASSERT_FALSE(a.indices.empty());
-  for (size_t i = 0; i < a.indices.size(); ++i) {
-    EXPECT_EQ(a.indices[i], b.indices[i]) << "batch " << i;
-    EXPECT_TRUE(at::equal(a.labels[i], b.labels[i])) << "batch " << i;
-    EXPECT_TRUE(at::equal(a.images[i], b.images[i])) << "batch " << i;
-  }
-}
-
-// A folder of 3 classes x 7 images of 64x48 (about 6-7 kB each) prepared into shards of 32 kB, so
-// that the 21 samples spread over several shards.
-struct Prepared {
-  TempDir dir;
-  fs::path folder = dir / "folder";
-  fs::path prefix = dir / "shards" / "train";
-  CommandResult result;
-  Prepared(const std::string& extra = "") {
-    make_small_folder(folder, kClasses, 7);
-    result = prepare(folder.string() + " " + prefix.string() +
-                         " --format wds --shard-size 32K --workers 2 " + extra,
-                     dir);
-  }
-  std::vector<std::string> shard_paths() const {
-    std::vector<std::string> paths;
-    for (size_t i = 0;; ++i) {
-      char name[32];
-      std::snprintf(name, sizeof name, "-%06zu.tar", i);
-      const std::string p = prefix.string() + name;
-      if (!fs::exists(p)) return paths;
-      paths.push_back(p);
-    }
-  }
-};
+using namespace testing::shards;
 
 TEST(ShardsTest, PreparedShardsReadBackAsTheFolder) {
   Prepared p;
@@ -314,15 +224,15 @@ TEST(ShardsTest, BraceNotation) {
 }
 
 TEST(ShardsTest, UnsupportedSourcesAreRefusedClearly) {
-  for (const std::string url : {"http://example.com/train-000000.tar",
-                                "https://bucket.example.com/train-{000000..000003}.tar"}) {
+  for (const std::string url :
+       {"ftp://example.com/train-000000.tar", "s3://bucket/train-{000000..000003}.tar"}) {
     try {
       ImageSource::tar_shards({url}, small_train());
       ADD_FAILURE() << "no exception for " << url;
     } catch (const std::invalid_argument& e) {
       const std::string what = e.what();
-      EXPECT_NE(what.find("not supported yet"), std::string::npos) << what;
-      EXPECT_NE(what.find("http"), std::string::npos) << what;
+      EXPECT_NE(what.find("unsupported URL scheme"), std::string::npos) << what;
+      EXPECT_NE(what.find(url.substr(0, url.find(':'))), std::string::npos) << what;
     }
   }
   TempDir dir;
@@ -340,16 +250,72 @@ TEST(ShardsTest, UnsupportedSourcesAreRefusedClearly) {
   EXPECT_THROW(ImageSource::tar_shards({}, small_train()), std::invalid_argument);
 }
 
-TEST(ShardsTest, ShardChangedSinceTheIndexIsRefused) {
+// A shard cut short fails only the samples whose members it cuts: under kSkip every other
+// sample arrives and the cut ones are counted; under kRaise the error names the shard, the
+// member and the sample. A shard longer than its index says was rewritten: refused up front.
+TEST(ShardsTest, ATruncatedShardFailsOnlyTheSamplesItCuts) {
   Prepared p;
   ASSERT_EQ(p.result.status, 0) << p.result.err;
   const auto shards = p.shard_paths();
-  fs::resize_file(shards[1], fs::file_size(shards[1]) - 512);
+  const auto members = indexed_members(p.prefix.string() + ".index.json");
+  ASSERT_EQ(members.size(), 21u);
+  const std::string cut_name = fs::path(shards[1]).filename().string();
+  // Cut the shard in the middle of its second member.
+  std::vector<size_t> in_shard;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i].shard == cut_name) in_shard.push_back(i);
+  }
+  ASSERT_GE(in_shard.size(), 2u);
+  const IndexedMember& second = members[in_shard[1]];
+  fs::resize_file(shards[1], second.offset + second.size / 2);
+  const std::vector<size_t> cut(in_shard.begin() + 1, in_shard.end());
+
+  auto source = std::shared_ptr<ImageSource>(ImageSource::tar_shards(shards, small_train()));
+  LoaderOptions options;
+  options.batch_size = 4;
+  options.workers = 2;
+  options.on_error = ErrorPolicy::kSkip;
+  {
+    DataLoader loader(source, options);
+    std::set<size_t> seen;
+    for (Batch& batch : loader) seen.insert(batch.indices.begin(), batch.indices.end());
+    std::set<size_t> spared;
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (std::find(cut.begin(), cut.end(), i) == cut.end()) spared.insert(i);
+    }
+    EXPECT_EQ(seen, spared) << "every sample the cut spares arrives, and no cut one";
+    std::vector<size_t> skipped;
+    for (const auto& s : loader.stats().skipped_samples) skipped.push_back(s.index);
+    std::sort(skipped.begin(), skipped.end());
+    EXPECT_EQ(skipped, cut);
+    EXPECT_EQ(loader.stats().skipped, cut.size());
+  }
+  options.on_error = ErrorPolicy::kRaise;
+  {
+    DataLoader loader(source, options);
+    try {
+      for (Batch& batch : loader) (void)batch;
+      ADD_FAILURE() << "no error for the truncated shard";
+    } catch (const SampleError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(shards[1] + " (member " + members[cut.front()].key + ".jpg)"),
+                std::string::npos)
+          << what;
+      EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+      EXPECT_NE(what.find("sample " + std::to_string(cut.front())), std::string::npos) << what;
+    }
+  }
+  // Longer than the index says: rewritten since, refused naming the shard.
+  {
+    std::ofstream grow(shards[2], std::ios::binary | std::ios::app);
+    grow << std::string(512, '\0');
+  }
   try {
     ImageSource::tar_shards(shards, small_train());
-    ADD_FAILURE() << "no exception for a truncated shard";
+    ADD_FAILURE() << "no exception for a shard longer than its index says";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(shards[1]), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(shards[2]), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rewritten"), std::string::npos) << e.what();
   }
 }
 

@@ -306,6 +306,7 @@ void read_file(const std::string& path, std::vector<uint8_t>& out) {
 struct ImageSource::Worker {
   ImageWriter writer;
   std::vector<uint8_t> file;
+  std::unique_ptr<detail::ShardReader> shard_reader;  // tar_shards: made on first use
   std::array<std::atomic<uint64_t>, 9> scales{};
   explicit Worker(const ImageTransform& t) : writer(t) {}
 };
@@ -432,7 +433,9 @@ void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* field
   const uint8_t* data = nullptr;
   size_t size = 0;
   if (shards_) {
-    shards_->read(ctx.index, item.path, w.file);
+    if (!w.shard_reader) w.shard_reader = shards_->open_reader();
+    const Shards::Member& m = shards_->members.at(ctx.index);
+    w.shard_reader->read(m.shard, m.offset, m.size, {ctx.index, &item.path}, w.file);
     data = w.file.data();
     size = w.file.size();
   } else if (memory_.empty()) {

@@ -1,6 +1,9 @@
-// ImageSource::tar_shards: WebDataset tar shards on local disk, read at random through the index
-// that conveyor-prepare writes beside them (PREFIX.index.json), one pread() per sample.
+// ImageSource::tar_shards: WebDataset tar shards on local disk or over HTTP(S), read at random
+// through the index that conveyor-prepare writes beside them (PREFIX.index.json): one pread() or
+// one HTTP Range request per sample.
 #include "shards.h"
+
+#include "http.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -338,12 +341,8 @@ struct ShardIndex {
   std::map<std::string, std::vector<IndexSample>> samples;  // file name -> samples in order
 };
 
-ShardIndex read_index(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("tar_shards: cannot open index " + path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  JsonReader json(text.str(), path);
+ShardIndex parse_index(std::string text, const std::string& path) {
+  JsonReader json(std::move(text), path);
   ShardIndex index;
   index.path = path;
   bool format_seen = false;
@@ -421,19 +420,20 @@ ShardIndex read_index(const std::string& path) {
   return index;
 }
 
-// "file:///a/b%20c.tar" -> "/a/b c.tar"; a plain path is returned as it is. Other URLs throw.
-std::string local_path(const std::string& shard) {
+// Where a shard is: a local path (plain, or from a file:// URL) or an http(s):// URL.
+struct ShardLocation {
+  bool remote = false;
+  std::string location;  // the path, or the URL as given
+};
+
+ShardLocation locate(const std::string& shard) {
   const size_t scheme = shard.find("://");
-  if (scheme == std::string::npos) return shard;
+  if (scheme == std::string::npos) return {false, shard};
   const std::string name = shard.substr(0, scheme);
-  if (name == "http" || name == "https") {
-    throw std::invalid_argument("tar_shards: " + shard +
-                                ": HTTP(S) shards are not supported yet (local paths and "
-                                "file:// URLs only; HTTP and streaming mode come later)");
-  }
+  if (name == "http" || name == "https") return {true, shard};
   if (name != "file") {
     throw std::invalid_argument("tar_shards: " + shard + ": unsupported URL scheme '" + name +
-                                "' (local paths and file:// URLs only)");
+                                "' (local paths, file://, http:// and https:// URLs)");
   }
   std::string rest = shard.substr(scheme + 3);
   if (rest.rfind("localhost/", 0) == 0) rest.erase(0, 9);
@@ -452,96 +452,210 @@ std::string local_path(const std::string& shard) {
       out.push_back(rest[i]);
     }
   }
-  return out;
+  return {false, out};
 }
 
-// PREFIX-NNNNNN.tar -> PREFIX.index.json in the same folder.
-std::string index_path_for(const std::string& shard) {
-  const std::filesystem::path path(shard);
-  const std::string name = path.filename().string();
+// The shard's file name, as its index lists it: the last path segment (of a URL, without its
+// query string or fragment).
+std::string file_name_of(const ShardLocation& shard) {
+  if (!shard.remote) return std::filesystem::path(shard.location).filename().string();
+  const std::string url = shard.location.substr(0, shard.location.find_first_of("?#"));
+  return url.substr(url.rfind('/') + 1);
+}
+
+// PREFIX-NNNNNN.tar -> PREFIX.index.json in the same folder (for a URL: beside it, without the
+// shard's query string).
+std::string index_location_for(const ShardLocation& shard) {
+  const std::string name = file_name_of(shard);
   const size_t dash = name.rfind('-');
   const bool ok = name.size() > 4 && name.compare(name.size() - 4, 4, ".tar") == 0 &&
                   dash != std::string::npos && dash > 0 &&
                   all_digits(name.substr(dash + 1, name.size() - 4 - dash - 1));
   if (!ok) {
-    throw std::invalid_argument("tar_shards: " + shard +
+    throw std::invalid_argument("tar_shards: " + shard.location +
                                 ": a shard must be named PREFIX-NNNNNN.tar so that its index "
-                                "PREFIX.index.json can be found");
+                                "PREFIX.index.json can be found (or give ShardOptions::index)");
   }
-  return (path.parent_path() / (name.substr(0, dash) + ".index.json")).string();
+  const std::string index_name = name.substr(0, dash) + ".index.json";
+  if (!shard.remote) {
+    return (std::filesystem::path(shard.location).parent_path() / index_name).string();
+  }
+  const std::string url = shard.location.substr(0, shard.location.find_first_of("?#"));
+  return url.substr(0, url.rfind('/') + 1) + index_name;
 }
+
+// One worker's reader: pread() for local shards, and its own HTTP connection (made on its first
+// remote read) for remote ones.
+class ShardReaderOfSet final : public detail::ShardReader {
+ public:
+  ShardReaderOfSet(const std::vector<std::string>& locations,
+                   const std::vector<detail::ShardFile>& files, const ShardOptions& options)
+      : locations_(locations), files_(files), options_(options) {}
+
+  void read(uint32_t shard, uint64_t offset, uint64_t size, const detail::MemberRead& what,
+            std::vector<uint8_t>& out) override {
+    const std::string prefix = *what.description + ": sample " + std::to_string(what.index) + ": ";
+    if (size > std::numeric_limits<size_t>::max() / 2) {
+      throw std::runtime_error(prefix + "member too large");
+    }
+    const int fd = files_.at(shard).get();
+    if (fd < 0) {
+      if (!http_) http_ = std::make_unique<detail::HttpClient>(options_);
+      try {
+        http_->get_range(locations_[shard], offset, size, out);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(prefix + e.what());
+      }
+      return;
+    }
+    const auto bytes = static_cast<size_t>(size);
+    if (out.capacity() < bytes) out.reserve(bytes + bytes / 4);
+    out.resize(bytes);
+    size_t done = 0;
+    while (done < bytes) {
+      const ssize_t n =
+          ::pread(fd, out.data() + done, bytes - done, static_cast<off_t>(offset + done));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw std::runtime_error(prefix + "read failed: " + std::strerror(errno));
+      }
+      if (n == 0) {
+        throw std::runtime_error(prefix + "the shard ends at byte " +
+                                 std::to_string(offset + done) + ", inside the member (bytes " +
+                                 std::to_string(offset) + ".." + std::to_string(offset + size) +
+                                 "); truncated since the index was written?");
+      }
+      done += static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  const std::vector<std::string>& locations_;
+  const std::vector<detail::ShardFile>& files_;
+  const ShardOptions& options_;
+  std::unique_ptr<detail::HttpClient> http_;
+};
 
 }  // namespace
 
-std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::string>& shards,
-                                                     ImageTransform transform) {
-  std::vector<std::string> paths;
-  for (const auto& pattern : shards) {
-    for (auto& expanded : expand_shard_braces(pattern)) paths.push_back(local_path(expanded));
-  }
-  if (paths.empty()) throw std::invalid_argument("tar_shards: no shards given");
+namespace detail {
 
-  std::map<std::string, ShardIndex> indexes;  // by index path
+ShardFile::~ShardFile() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+ShardFile& ShardFile::operator=(ShardFile&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+}  // namespace detail
+
+std::unique_ptr<detail::ShardReader> ImageSource::Shards::open_reader() const {
+  return std::make_unique<ShardReaderOfSet>(locations, files, options);
+}
+
+std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::string>& shards,
+                                                     ImageTransform transform,
+                                                     const ShardOptions& options) {
+  if (options.retries < 0) throw std::invalid_argument("tar_shards: retries must be >= 0");
+  std::vector<ShardLocation> locations;
+  for (const auto& pattern : shards) {
+    for (auto& expanded : expand_shard_braces(pattern)) locations.push_back(locate(expanded));
+  }
+  if (locations.empty()) throw std::invalid_argument("tar_shards: no shards given");
+
+  std::unique_ptr<detail::HttpClient> http;   // for remote indexes, made on first use
+  std::map<std::string, ShardIndex> indexes;  // by index location
   auto shared = std::make_shared<Shards>();
+  shared->options = options;
   std::vector<ImageItem> items;
   const std::vector<std::string>* classes = nullptr;
-  for (const auto& path : paths) {
-    const std::string index_path = index_path_for(path);
-    auto found = indexes.find(index_path);
+  for (const auto& shard : locations) {
+    const std::string& where = shard.location;
+    const std::string index_location =
+        options.index.empty() ? index_location_for(shard) : options.index;
+    auto found = indexes.find(index_location);
     if (found == indexes.end()) {
-      std::error_code ec;
-      if (!std::filesystem::is_regular_file(index_path, ec)) {
-        throw std::invalid_argument("tar_shards: " + path + ": no index " + index_path +
-                                    " beside it; shards without an index (streaming mode) are "
-                                    "not supported yet");
+      const ShardLocation index = locate(index_location);
+      std::string text;
+      if (index.remote) {
+        if (!http) http = std::make_unique<detail::HttpClient>(options);
+        std::vector<uint8_t> bytes;
+        try {
+          http->get(index.location, bytes);
+        } catch (const std::exception& e) {
+          throw std::runtime_error("tar_shards: " + where + ": cannot read its index: " + e.what());
+        }
+        text.assign(bytes.begin(), bytes.end());
+      } else {
+        std::error_code ec;
+        if (!std::filesystem::is_regular_file(index.location, ec)) {
+          throw std::invalid_argument("tar_shards: " + where + ": no index " + index.location +
+                                      " beside it; shards without an index (streaming mode) "
+                                      "are not supported yet");
+        }
+        std::ifstream in(index.location, std::ios::binary);
+        if (!in) throw std::runtime_error("tar_shards: cannot open index " + index.location);
+        std::ostringstream buffer;
+        buffer << in.rdbuf();
+        text = buffer.str();
       }
-      found = indexes.emplace(index_path, read_index(index_path)).first;
+      found = indexes.emplace(index_location, parse_index(std::move(text), index_location)).first;
     }
     const ShardIndex& index = found->second;
     if (classes == nullptr) {
       classes = &index.classes;
     } else if (*classes != index.classes) {
-      throw std::invalid_argument("tar_shards: " + path + ": its index " + index_path +
+      throw std::invalid_argument("tar_shards: " + where + ": its index " + index_location +
                                   " names other classes than the first shard's index");
     }
-    const std::string name = std::filesystem::path(path).filename().string();
+    const std::string name = file_name_of(shard);
     const auto bytes = index.shard_bytes.find(name);
     if (bytes == index.shard_bytes.end()) {
-      throw std::runtime_error("tar_shards: " + path + " is not listed in its index " + index_path);
+      throw std::runtime_error("tar_shards: " + where + " is not listed in its index " +
+                               index_location);
     }
 
-    detail::ShardFile file(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
-    if (file.get() < 0) {
-      throw std::runtime_error("tar_shards: cannot open shard " + path + ": " +
-                               std::strerror(errno));
-    }
-    struct stat st {};
-    if (::fstat(file.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-      throw std::runtime_error("tar_shards: shard " + path + " is not a regular file");
-    }
-    const auto size = static_cast<uint64_t>(st.st_size);
-    if (size != bytes->second) {
-      throw std::runtime_error("tar_shards: shard " + path + " is " + std::to_string(size) +
-                               " bytes but its index " + index_path + " says " +
-                               std::to_string(bytes->second) +
-                               " (rewritten or truncated since the index was written?)");
+    detail::ShardFile file;
+    if (!shard.remote) {
+      file = detail::ShardFile(::open(where.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+      if (file.get() < 0) {
+        throw std::runtime_error("tar_shards: cannot open shard " + where + ": " +
+                                 std::strerror(errno));
+      }
+      struct stat st {};
+      if (::fstat(file.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+        throw std::runtime_error("tar_shards: shard " + where + " is not a regular file");
+      }
+      // Shorter than the index says: truncated, and only the members it cuts fail, when read.
+      // Longer: rewritten, and the offsets cannot be trusted.
+      if (static_cast<uint64_t>(st.st_size) > bytes->second) {
+        throw std::runtime_error("tar_shards: shard " + where + " is " +
+                                 std::to_string(st.st_size) + " bytes but its index " +
+                                 index_location + " says " + std::to_string(bytes->second) +
+                                 " (rewritten since the index was written?)");
+      }
     }
     if (shared->files.size() >= std::numeric_limits<uint32_t>::max()) {
       throw std::invalid_argument("tar_shards: too many shards");
     }
     const auto shard_number = static_cast<uint32_t>(shared->files.size());
-    shared->paths.push_back(path);
+    shared->locations.push_back(where);
     shared->files.push_back(std::move(file));
     const auto samples = index.samples.find(name);
     if (samples == index.samples.end()) continue;  // a shard may hold no sample
     for (const IndexSample& s : samples->second) {
-      if (s.size == 0 || s.offset > size || s.size > size - s.offset ||
-          s.size > std::numeric_limits<size_t>::max() / 2) {
-        throw std::runtime_error("tar_shards: index " + index_path + ": sample " + s.key +
-                                 ".jpg lies outside shard " + path);
+      if (s.size == 0 || s.offset > bytes->second || s.size > bytes->second - s.offset) {
+        throw std::runtime_error("tar_shards: index " + index_location + ": sample " + s.key +
+                                 ".jpg lies outside shard " + where);
       }
       shared->members.push_back({shard_number, s.offset, s.size});
-      items.push_back({path + " (member " + s.key + ".jpg)", s.label});
+      items.push_back({where + " (member " + s.key + ".jpg)", s.label});
     }
   }
   if (items.empty()) throw std::runtime_error("tar_shards: the shards hold no samples");

@@ -1,19 +1,17 @@
-// datasets/src/shards.h (build-only): the open shard files behind ImageSource::tar_shards and
-// where each sample's .jpg member lies in them.
+// datasets/src/shards.h (build-only): the shards behind ImageSource::tar_shards, where each
+// sample's .jpg member lies in them, and the per-worker readers that fetch a member's bytes.
 //
-// Invariant: every member lies inside its shard (offset + size <= the shard's size, checked when
-// the index is read), and every descriptor stays open for the Shards' lifetime.
-// Thread safety: read() is const and uses only pread() on descriptors that nothing else moves or
-// closes, so any number of workers call it at once without a lock.
+// Invariant: every member lies inside its shard as the index describes it (offset + size <= the
+// index's size of the shard, checked when the index is read). A shard may since have been cut
+// short; the reader then fails only the members past its end.
+// Thread safety: a Shards is immutable once built and shared by all workers. Each worker reads
+// through its own ShardReader (open_reader()), so the remote case keeps one connection per worker
+// without a lock; local readers share the descriptors through pread(), which takes none.
 #pragma once
 
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <stdexcept>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,23 +20,32 @@
 namespace conveyor {
 namespace detail {
 
-// An owned file descriptor, closed on destruction.
+// What a reader needs to name a failing read: the sample's index and its description
+// ("SHARD (member KEY.jpg)").
+struct MemberRead {
+  size_t index = 0;
+  const std::string* description = nullptr;
+};
+
+// One worker's way to fetch members. Not thread-safe; one per worker.
+class ShardReader {
+ public:
+  virtual ~ShardReader() = default;
+  // Reads `size` bytes at `offset` of shard `shard` into `out` (reusing its capacity). Throws
+  // std::runtime_error naming the sample (what.index, *what.description) and the cause when the
+  // read fails, or when the shard ends before the member does.
+  virtual void read(uint32_t shard, uint64_t offset, uint64_t size, const MemberRead& what,
+                    std::vector<uint8_t>& out) = 0;
+};
+
+// An owned file descriptor, closed on destruction; -1 when none is open.
 class ShardFile {
  public:
   ShardFile() = default;
   explicit ShardFile(int fd) : fd_(fd) {}
-  ~ShardFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
+  ~ShardFile();
   ShardFile(ShardFile&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  ShardFile& operator=(ShardFile&& other) noexcept {
-    if (this != &other) {
-      if (fd_ >= 0) ::close(fd_);
-      fd_ = other.fd_;
-      other.fd_ = -1;
-    }
-    return *this;
-  }
+  ShardFile& operator=(ShardFile&& other) noexcept;
   ShardFile(const ShardFile&) = delete;
   ShardFile& operator=(const ShardFile&) = delete;
   int get() const { return fd_; }
@@ -51,43 +58,18 @@ class ShardFile {
 
 struct ImageSource::Shards {
   struct Member {
-    uint32_t shard = 0;   // index into paths / files
+    uint32_t shard = 0;   // index into locations
     uint64_t offset = 0;  // of the .jpg member's data in the shard
     uint64_t size = 0;    // of the .jpg member's data
   };
-  std::vector<std::string> paths;  // as opened (file:// removed)
-  std::vector<detail::ShardFile> files;
-  std::vector<Member> members;  // one per sample
+  std::vector<std::string> locations;    // per shard: the path (file:// removed) or the URL
+  std::vector<detail::ShardFile> files;  // per shard; not open for a remote one
+  std::vector<Member> members;           // one per sample
+  ShardOptions options;                  // for the HTTP readers
 
-  // Reads sample `index`'s JPEG bytes into `out` (reusing its capacity) with one pread (more only
-  // if the kernel returns fewer bytes). Throws std::runtime_error naming the sample index and
-  // `description` (the shard and member, as describe() gives them) when the read fails or comes
-  // back short.
-  // Inline: images.cpp calls it, and the fuzz target (tests/fuzz) compiles images.cpp without
-  // shards.cpp.
-  void read(size_t index, const std::string& description, std::vector<uint8_t>& out) const {
-    const Member& m = members.at(index);
-    const int fd = files[m.shard].get();
-    const auto size = static_cast<size_t>(m.size);
-    if (out.capacity() < size) out.reserve(size + size / 4);
-    out.resize(size);
-    size_t done = 0;
-    while (done < size) {
-      const ssize_t n =
-          ::pread(fd, out.data() + done, size - done, static_cast<off_t>(m.offset + done));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        throw std::runtime_error(description + ": sample " + std::to_string(index) +
-                                 ": read failed: " + std::strerror(errno));
-      }
-      if (n == 0) {
-        throw std::runtime_error(description + ": sample " + std::to_string(index) +
-                                 ": the shard ends inside the member (truncated since the "
-                                 "index was written?)");
-      }
-      done += static_cast<size_t>(n);
-    }
-  }
+  // A reader for one worker: pread() on `files` for local shards, and its own HTTP connection
+  // (made on its first remote read) for remote ones.
+  std::unique_ptr<detail::ShardReader> open_reader() const;
 };
 
 }  // namespace conveyor

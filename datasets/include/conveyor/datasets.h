@@ -16,6 +16,7 @@
 // index), so results do not depend on the number of workers or the order of work.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -121,8 +122,29 @@ struct ImageItem {
   int64_t label = 0;
 };
 
+// How ImageSource::tar_shards finds the index and reaches remote shards. The defaults suit
+// object storage (S3 or GCS, pre-signed URLs included) and a server on the same rack alike.
+struct ShardOptions {
+  // Where the index is, for shards whose PREFIX.index.json cannot be found beside them (a
+  // pre-signed URL, whose query string differs per object): a path or URL. Every shard given
+  // must be listed in it. Empty (the default): PREFIX.index.json beside each shard.
+  std::string index;
+  // HTTP(S) only. A request that times out, is refused or reset, or gets 5xx, 408 or 429 is
+  // tried again up to `retries` more times, after backoff_initial * 2^k (at most backoff_max)
+  // before retry k. Other failures (404, a server that ignores Range) are not retried.
+  int retries = 4;
+  std::chrono::milliseconds backoff_initial{100};
+  std::chrono::milliseconds backoff_max{2000};
+  // HTTP(S) only: the deadline of one request, from connecting to its last byte, and of
+  // connecting alone. A read thus ends, at the latest, after (retries + 1) request deadlines plus
+  // the backoff.
+  std::chrono::milliseconds request_timeout{30000};
+  std::chrono::milliseconds connect_timeout{5000};
+};
+
 // JPEG images with labels, decoded into "image" (uint8 [3,S,S] or [S,S,3]) and "label" (int64).
-// Items come from a folder tree, a file list, memory, or indexed WebDataset tar shards.
+// Items come from a folder tree, a file list, memory, or indexed WebDataset tar shards (local
+// or over HTTP).
 class ImageSource : public SampleSource {
  public:
   // ImageFolder layout: root/<class>/<image>.jpg|jpeg (any case). Classes are the sorted
@@ -138,24 +160,30 @@ class ImageSource : public SampleSource {
   static std::unique_ptr<ImageSource> in_memory(std::vector<std::vector<uint8_t>> jpegs,
                                                 std::vector<int64_t> labels,
                                                 ImageTransform transform);
-  // WebDataset tar shards on local disk, read at random through their index (random-access mode):
-  // what conveyor-prepare --format wds writes (tools/prepare.cpp), each sample KEY.jpg + KEY.cls.
-  // `shards` are local paths or file:// URLs, each possibly in WebDataset's brace notation
-  // (expand_shard_braces: "train-{000000..000012}.tar"). A shard named PREFIX-NNNNNN.tar (any
-  // number of digits) is indexed by PREFIX.index.json in the same folder. The dataset is the
-  // shards in the order given (after expansion), each shard's samples in the index's order;
-  // labels and classes() come from the index. Each sample is read with one pread() of its .jpg
-  // member and decoded exactly as image_folder() decodes files (same transform, same
-  // SampleContext rules), so samplers, resume and DistributedSampler work as they do there.
-  // describe(i) and items()[i].path read "SHARD (member KEY.jpg)".
-  // Throws std::invalid_argument for an http(s):// or other URL, or a shard without an index
-  // (HTTP and streaming mode are not supported yet), a name that is not PREFIX-NNNNNN.tar, or
-  // malformed braces; std::runtime_error naming the file for a missing or unreadable shard, a
-  // malformed index, a shard the index does not list, or one whose size differs from the index's.
-  // Opens every shard once (one descriptor each, closed with the source); workers share them
-  // through pread(), which takes no lock, so write_sample() is as concurrent as image_folder()'s.
+  // WebDataset tar shards read at random through their index (random-access mode): what
+  // conveyor-prepare --format wds writes (tools/prepare.cpp), each sample KEY.jpg + KEY.cls.
+  // `shards` are local paths, file:// URLs or http(s):// URLs, each possibly in WebDataset's
+  // brace notation (expand_shard_braces: "train-{000000..000012}.tar"). A shard named
+  // PREFIX-NNNNNN.tar (any number of digits) is indexed by PREFIX.index.json beside it (or by
+  // options.index). The dataset is the shards in the order given (after expansion), each shard's
+  // samples in the index's order; labels and classes() come from the index. Each sample is one
+  // ranged read of its .jpg member (pread() locally, an HTTP Range request remotely, on a
+  // connection each worker keeps), decoded exactly as image_folder() decodes files (same
+  // transform, same SampleContext rules), so samplers, resume and DistributedSampler work as they
+  // do there. describe(i) and items()[i].path read "SHARD (member KEY.jpg)".
+  // A shard shorter than its index says (truncated) fails only the samples it cuts: their reads
+  // throw naming the shard, the member and the sample, and go through the loader's on_error
+  // policy. HTTP requests that time out, are refused or reset, or get 5xx, 408 or 429 are retried
+  // (ShardOptions); then, or at once for other statuses, the read throws naming the URL and the
+  // HTTP status. Every request has a deadline, so a dead server never hangs a worker.
+  // Throws std::invalid_argument for an unsupported URL scheme, a shard without an index
+  // (streaming mode is not supported yet), a name that is not PREFIX-NNNNNN.tar (without
+  // options.index), or malformed braces; std::runtime_error naming the file or URL for a missing
+  // or unreadable shard or index, a malformed index, a shard the index does not list, or a local
+  // shard longer than the index says (rewritten since).
   static std::unique_ptr<ImageSource> tar_shards(const std::vector<std::string>& shards,
-                                                 ImageTransform transform);
+                                                 ImageTransform transform,
+                                                 const ShardOptions& options = ShardOptions());
 
   ~ImageSource() override;
   size_t size() const override;

@@ -1,0 +1,45 @@
+// datasets/src/http.h (build-only): HTTP(S) GETs through libcurl for tar_shards, whole or as a
+// byte range, with retries, backoff and a deadline on every request.
+//
+// Invariant: one HttpClient is one libcurl easy handle, so consecutive requests to the same host
+// reuse its connection (keep-alive); nothing else touches the handle.
+// Thread safety: an HttpClient is used by one thread at a time (one per worker). Any number of
+// clients run at once; libcurl's global initialisation happens once, before the first handle.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "conveyor/datasets.h"
+
+namespace conveyor {
+namespace detail {
+
+class HttpClient {
+ public:
+  explicit HttpClient(const ShardOptions& options);
+  ~HttpClient();
+  HttpClient(const HttpClient&) = delete;
+  HttpClient& operator=(const HttpClient&) = delete;
+
+  // The whole resource at `url` into `out`. Throws std::runtime_error naming the URL, the HTTP
+  // status or libcurl's reason, and the attempts made.
+  void get(const std::string& url, std::vector<uint8_t>& out);
+
+  // Bytes [offset, offset + size) of `url` into `out` (reusing its capacity), through a Range
+  // request. Throws std::runtime_error naming the URL and the range: after the retries for a
+  // transient failure; at once when the resource ends before the range does (truncated), for a
+  // 4xx other than 408 and 429, or for a server that ignores Range.
+  void get_range(const std::string& url, uint64_t offset, uint64_t size, std::vector<uint8_t>& out);
+
+ private:
+  struct Handle;
+  std::unique_ptr<Handle> handle_;
+  ShardOptions options_;
+};
+
+}  // namespace detail
+}  // namespace conveyor
