@@ -435,7 +435,7 @@ void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* field
   if (shards_) {
     if (!w.shard_reader) w.shard_reader = shards_->open_reader();
     const Shards::Member& m = shards_->members.at(ctx.index);
-    w.shard_reader->read(m.shard, m.offset, m.size, {ctx.index, &item.path}, w.file);
+    w.shard_reader->read(m.shard, m.offset, m.size, w.file);
     data = w.file.data();
     size = w.file.size();
   } else if (memory_.empty()) {

@@ -492,20 +492,15 @@ class ShardReaderOfSet final : public detail::ShardReader {
                    const std::vector<detail::ShardFile>& files, const ShardOptions& options)
       : locations_(locations), files_(files), options_(options) {}
 
-  void read(uint32_t shard, uint64_t offset, uint64_t size, const detail::MemberRead& what,
-            std::vector<uint8_t>& out) override {
-    const std::string prefix = *what.description + ": sample " + std::to_string(what.index) + ": ";
+  void read(uint32_t shard, uint64_t offset, uint64_t size, std::vector<uint8_t>& out) override {
+    const std::string& where = locations_.at(shard);
     if (size > std::numeric_limits<size_t>::max() / 2) {
-      throw std::runtime_error(prefix + "member too large");
+      throw std::runtime_error(where + ": member too large");
     }
     const int fd = files_.at(shard).get();
     if (fd < 0) {
       if (!http_) http_ = std::make_unique<detail::HttpClient>(options_);
-      try {
-        http_->get_range(locations_[shard], offset, size, out);
-      } catch (const std::exception& e) {
-        throw std::runtime_error(prefix + e.what());
-      }
+      http_->get_range(where, offset, size, out);  // its errors name the URL and the range
       return;
     }
     const auto bytes = static_cast<size_t>(size);
@@ -517,10 +512,10 @@ class ShardReaderOfSet final : public detail::ShardReader {
           ::pread(fd, out.data() + done, bytes - done, static_cast<off_t>(offset + done));
       if (n < 0) {
         if (errno == EINTR) continue;
-        throw std::runtime_error(prefix + "read failed: " + std::strerror(errno));
+        throw std::runtime_error(where + ": read failed: " + std::strerror(errno));
       }
       if (n == 0) {
-        throw std::runtime_error(prefix + "the shard ends at byte " +
+        throw std::runtime_error(where + ": the shard ends at byte " +
                                  std::to_string(offset + done) + ", inside the member (bytes " +
                                  std::to_string(offset) + ".." + std::to_string(offset + size) +
                                  "); truncated since the index was written?");

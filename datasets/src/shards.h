@@ -20,22 +20,14 @@
 namespace conveyor {
 namespace detail {
 
-// What a reader needs to name a failing read: the sample's index and its description
-// ("SHARD (member KEY.jpg)").
-struct MemberRead {
-  size_t index = 0;
-  const std::string* description = nullptr;
-};
-
 // One worker's way to fetch members. Not thread-safe; one per worker.
 class ShardReader {
  public:
   virtual ~ShardReader() = default;
   // Reads `size` bytes at `offset` of shard `shard` into `out` (reusing its capacity). Throws
-  // std::runtime_error naming the sample (what.index, *what.description) and the cause when the
-  // read fails, or when the shard ends before the member does.
-  virtual void read(uint32_t shard, uint64_t offset, uint64_t size, const MemberRead& what,
-                    std::vector<uint8_t>& out) = 0;
+  // std::runtime_error naming the shard (its path or URL), the byte range and the cause when the
+  // read fails, or when the shard ends before the member does. The loader adds the sample.
+  virtual void read(uint32_t shard, uint64_t offset, uint64_t size, std::vector<uint8_t>& out) = 0;
 };
 
 // An owned file descriptor, closed on destruction; -1 when none is open.

@@ -172,10 +172,11 @@ class ImageSource : public SampleSource {
   // transform, same SampleContext rules), so samplers, resume and DistributedSampler work as they
   // do there. describe(i) and items()[i].path read "SHARD (member KEY.jpg)".
   // A shard shorter than its index says (truncated) fails only the samples it cuts: their reads
-  // throw naming the shard, the member and the sample, and go through the loader's on_error
-  // policy. HTTP requests that time out, are refused or reset, or get 5xx, 408 or 429 are retried
-  // (ShardOptions); then, or at once for other statuses, the read throws naming the URL and the
-  // HTTP status. Every request has a deadline, so a dead server never hangs a worker.
+  // throw naming the shard and the byte range (the loader adds the member and the sample), and
+  // go through the loader's on_error policy. HTTP requests that time out, are refused or reset,
+  // or get 5xx, 408 or 429 are retried (ShardOptions); then, or at once for other statuses, the
+  // read throws naming the URL and the HTTP status. Every request has a deadline, so a dead
+  // server never hangs a worker.
   // Throws std::invalid_argument for an unsupported URL scheme, a shard without an index
   // (streaming mode is not supported yet), a name that is not PREFIX-NNNNNN.tar (without
   // options.index), or malformed braces; std::runtime_error naming the file or URL for a missing
