@@ -142,11 +142,26 @@ enum class Outcome { kDone, kRetry, kFail };
 }  // namespace
 
 void HttpClient::get(const std::string& url, std::vector<uint8_t>& out) {
-  get_range(url, 0, 0, out);
+  fetch(url, 0, 0, true, false, out);
+}
+
+bool HttpClient::get_if_exists(const std::string& url, std::vector<uint8_t>& out) {
+  return fetch(url, 0, 0, true, true, out);
 }
 
 void HttpClient::get_range(const std::string& url, uint64_t offset, uint64_t size,
                            std::vector<uint8_t>& out) {
+  fetch(url, offset, size, true, false, out);
+}
+
+void HttpClient::get_chunk(const std::string& url, uint64_t offset, uint64_t size,
+                           std::vector<uint8_t>& out) {
+  if (size == 0) throw std::invalid_argument("HttpClient::get_chunk: size 0");
+  fetch(url, offset, size, false, false, out);
+}
+
+bool HttpClient::fetch(const std::string& url, uint64_t offset, uint64_t size, bool exact,
+                       bool missing_ok, std::vector<uint8_t>& out) {
   const bool ranged = size != 0;
   std::string range;
   std::string what = "GET " + url;
@@ -196,14 +211,20 @@ void HttpClient::get_range(const std::string& url, uint64_t offset, uint64_t siz
       if (h.error[0] != '\0') reason += " (" + std::string(h.error) + ")";
       if (status != 0) reason += ", HTTP " + std::to_string(status);
       outcome = transient(code) ? Outcome::kRetry : Outcome::kFail;
+    } else if (status == 416 && ranged && !exact) {
+      out.clear();  // the resource ends at or before `offset`
+      outcome = Outcome::kDone;
     } else if (status == 416 && ranged) {
       reason = "HTTP 416: the resource ends before byte " + std::to_string(offset) +
                (h.content_range.empty() ? "" : " (Content-Range: " + h.content_range + ")") +
                "; truncated since the index was written?";
+    } else if (missing_ok && (status == 404 || status == 410)) {
+      out.clear();
+      return false;
     } else if (status < 200 || status >= 300) {
       reason = "HTTP " + std::to_string(status);
       outcome = transient_status(status) ? Outcome::kRetry : Outcome::kFail;
-    } else if (ranged && out.size() != size) {
+    } else if (ranged && out.size() != size && exact) {
       // A 206 whose range the server clipped at the resource's end.
       reason = "HTTP " + std::to_string(status) + " brought " + std::to_string(out.size()) +
                " of " + std::to_string(size) + " bytes" +
@@ -214,7 +235,7 @@ void HttpClient::get_range(const std::string& url, uint64_t offset, uint64_t siz
     } else {
       outcome = Outcome::kDone;
     }
-    if (outcome == Outcome::kDone) return;
+    if (outcome == Outcome::kDone) return true;
     if (outcome == Outcome::kFail) {
       throw std::runtime_error(
           what + ": " + reason +

@@ -28,6 +28,9 @@ class HttpClient {
   // The whole resource at `url` into `out`. Throws std::runtime_error naming the URL, the HTTP
   // status or libcurl's reason, and the attempts made.
   void get(const std::string& url, std::vector<uint8_t>& out);
+  // As get(), but returns false for a 404 or 410 (the resource does not exist) instead of
+  // throwing.
+  bool get_if_exists(const std::string& url, std::vector<uint8_t>& out);
 
   // Bytes [offset, offset + size) of `url` into `out` (reusing its capacity), through a Range
   // request. Throws std::runtime_error naming the URL and the range: after the retries for a
@@ -35,7 +38,15 @@ class HttpClient {
   // 4xx other than 408 and 429, or for a server that ignores Range.
   void get_range(const std::string& url, uint64_t offset, uint64_t size, std::vector<uint8_t>& out);
 
+  // Up to `size` bytes of `url` from `offset` into `out`: fewer where the resource ends inside
+  // the range, none when it ends at or before `offset` (reading a resource of unknown length in
+  // chunks). Retries and throws as get_range() does, except for the short ends.
+  void get_chunk(const std::string& url, uint64_t offset, uint64_t size, std::vector<uint8_t>& out);
+
  private:
+  // Returns false for a 404 or 410 when `missing_ok`, else throws for them too.
+  bool fetch(const std::string& url, uint64_t offset, uint64_t size, bool exact, bool missing_ok,
+             std::vector<uint8_t>& out);
   struct Handle;
   std::unique_ptr<Handle> handle_;
   ShardOptions options_;

@@ -18,6 +18,7 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/random.h"
+#include "shard_stream.h"
 #include "shards.h"
 
 namespace conveyor {
@@ -413,7 +414,7 @@ std::unique_ptr<ImageSource> ImageSource::in_memory(std::vector<std::vector<uint
       new ImageSource(std::move(items), {}, std::move(jpegs), transform));
 }
 
-size_t ImageSource::size() const { return items_.size(); }
+size_t ImageSource::size() const { return stream_ ? stream_->positions() : items_.size(); }
 
 std::vector<FieldSpec> ImageSource::fields() const {
   const int64_t s = transform_.size;
@@ -425,10 +426,18 @@ std::vector<FieldSpec> ImageSource::fields() const {
 
 void ImageSource::prepare(size_t workers) {
   while (workers_.size() < workers) workers_.push_back(std::make_unique<Worker>(transform_));
+  if (stream_) stream_->reset();  // a new loader reads its epochs from their beginning
 }
 
 void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* fields) {
   Worker& w = *workers_.at(ctx.worker);
+  if (stream_) {
+    const int64_t label = stream_->fetch(ctx.seed, ctx.epoch, ctx.index, w.file);
+    w.writer.write(w.file.data(), w.file.size(), ctx, fields[0]);
+    w.scales[static_cast<size_t>(w.writer.last_scale())].fetch_add(1, std::memory_order_relaxed);
+    std::memcpy(fields[1], &label, sizeof(int64_t));
+    return;
+  }
   const ImageItem& item = items_.at(ctx.index);
   const uint8_t* data = nullptr;
   size_t size = 0;
@@ -452,6 +461,7 @@ void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* field
 }
 
 std::string ImageSource::describe(size_t index) const {
+  if (stream_) return stream_->describe(index);
   return index < items_.size() ? items_[index].path : "sample " + std::to_string(index);
 }
 

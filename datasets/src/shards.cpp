@@ -4,6 +4,7 @@
 #include "shards.h"
 
 #include "http.h"
+#include "shard_stream.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -554,68 +555,154 @@ std::unique_ptr<detail::ShardReader> ImageSource::Shards::open_reader() const {
   return std::make_unique<ShardReaderOfSet>(locations, files, options);
 }
 
+namespace {
+
+// Reads the index at `index_location` (a path or URL). Returns false when there is none (no
+// file, or HTTP 404); throws naming `shard` when it cannot be read or parsed.
+bool load_index(const std::string& index_location, const std::string& shard,
+                const ShardOptions& options, std::unique_ptr<detail::HttpClient>& http,
+                ShardIndex& index) {
+  const ShardLocation where = locate(index_location);
+  std::string text;
+  if (where.remote) {
+    if (!http) http = std::make_unique<detail::HttpClient>(options);
+    std::vector<uint8_t> bytes;
+    try {
+      if (!http->get_if_exists(where.location, bytes)) return false;
+    } catch (const std::exception& e) {
+      throw std::runtime_error("tar_shards: " + shard + ": cannot read its index: " + e.what());
+    }
+    text.assign(bytes.begin(), bytes.end());
+  } else {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(where.location, ec)) return false;
+    std::ifstream in(where.location, std::ios::binary);
+    if (!in) throw std::runtime_error("tar_shards: cannot open index " + where.location);
+    std::ostringstream buffer;
+    buffer << in.rdbuf();
+    text = buffer.str();
+  }
+  index = parse_index(std::move(text), index_location);
+  return true;
+}
+
+// The shard's name fits PREFIX-NNNNNN.tar, so that an index can be looked for beside it.
+bool has_index_name(const ShardLocation& shard) {
+  try {
+    index_location_for(shard);
+    return true;
+  } catch (const std::invalid_argument&) {
+    return false;
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::string>& shards,
                                                      ImageTransform transform,
                                                      const ShardOptions& options) {
   if (options.retries < 0) throw std::invalid_argument("tar_shards: retries must be >= 0");
+  if (options.world_size == 0 || options.rank >= options.world_size) {
+    throw std::invalid_argument("tar_shards: rank " + std::to_string(options.rank) +
+                                " is not in [0, " + std::to_string(options.world_size) + ")");
+  }
   std::vector<ShardLocation> locations;
   for (const auto& pattern : shards) {
     for (auto& expanded : expand_shard_braces(pattern)) locations.push_back(locate(expanded));
   }
   if (locations.empty()) throw std::invalid_argument("tar_shards: no shards given");
 
-  std::unique_ptr<detail::HttpClient> http;   // for remote indexes, made on first use
-  std::map<std::string, ShardIndex> indexes;  // by index location
+  // Each shard's index, where there is one.
+  std::unique_ptr<detail::HttpClient> http;  // for remote indexes, made on first use
+  std::map<std::string, std::unique_ptr<ShardIndex>> indexes;  // by location; null: none there
+  std::vector<const ShardIndex*> index_of(locations.size(), nullptr);
+  std::vector<std::string> index_location(locations.size());
+  for (size_t i = 0; i < locations.size(); ++i) {
+    const ShardLocation& shard = locations[i];
+    if (options.index.empty() && !has_index_name(shard)) continue;  // streamed
+    index_location[i] = options.index.empty() ? index_location_for(shard) : options.index;
+    auto found = indexes.find(index_location[i]);
+    if (found == indexes.end()) {
+      auto index = std::make_unique<ShardIndex>();
+      if (!load_index(index_location[i], shard.location, options, http, *index)) {
+        if (!options.index.empty()) {
+          throw std::runtime_error("tar_shards: no index at " + options.index +
+                                   " (ShardOptions::index)");
+        }
+        index.reset();
+      }
+      found = indexes.emplace(index_location[i], std::move(index)).first;
+    }
+    index_of[i] = found->second.get();
+  }
+  const bool streaming =
+      options.streaming || std::find(index_of.begin(), index_of.end(), nullptr) != index_of.end();
+
+  const std::vector<std::string>* classes = nullptr;
+  for (size_t i = 0; i < locations.size(); ++i) {
+    const ShardIndex* index = index_of[i];
+    if (index == nullptr) continue;
+    const std::string& where = locations[i].location;
+    if (classes == nullptr) {
+      classes = &index->classes;
+    } else if (*classes != index->classes) {
+      throw std::invalid_argument("tar_shards: " + where + ": its index " + index_location[i] +
+                                  " names other classes than the first indexed shard's");
+    }
+    if (index->shard_bytes.count(file_name_of(locations[i])) == 0) {
+      throw std::runtime_error("tar_shards: " + where + " is not listed in its index " +
+                               index_location[i]);
+    }
+  }
+
+  if (streaming) {
+    std::vector<detail::StreamShard> stream_shards;
+    std::vector<size_t> counts;
+    bool counts_known = true;
+    for (size_t i = 0; i < locations.size(); ++i) {
+      detail::StreamShard s{locations[i].location, locations[i].remote, 0};
+      if (index_of[i] != nullptr) {
+        const auto samples = index_of[i]->samples.find(file_name_of(locations[i]));
+        s.samples = samples == index_of[i]->samples.end() ? 0 : samples->second.size();
+      } else if (!locations[i].remote) {
+        s.samples = detail::count_tar_samples(s.location);
+      } else {
+        counts_known = false;
+      }
+      counts.push_back(s.samples);
+      stream_shards.push_back(std::move(s));
+    }
+    if (locations.size() < options.world_size) {
+      throw std::invalid_argument("tar_shards (streaming): " + std::to_string(locations.size()) +
+                                  " shards cannot be split over " +
+                                  std::to_string(options.world_size) + " ranks");
+    }
+    size_t positions = options.epoch_samples;
+    if (positions == 0) {
+      if (!counts_known) {
+        throw std::invalid_argument(
+            "tar_shards (streaming): remote shards without an index: give "
+            "ShardOptions::epoch_samples (samples per rank per epoch), or write an index "
+            "(conveyor-prepare)");
+      }
+      positions = detail::ShardStream::equal_positions(counts, options.world_size);
+    }
+    if (positions == 0) throw std::runtime_error("tar_shards: the shards hold no samples");
+    std::unique_ptr<ImageSource> source(
+        new ImageSource({}, classes ? *classes : std::vector<std::string>{}, {}, transform));
+    source->stream_ = std::make_shared<Stream>(std::move(stream_shards), options, positions);
+    return source;
+  }
+
   auto shared = std::make_shared<Shards>();
   shared->options = options;
   std::vector<ImageItem> items;
-  const std::vector<std::string>* classes = nullptr;
-  for (const auto& shard : locations) {
+  for (size_t i = 0; i < locations.size(); ++i) {
+    const ShardLocation& shard = locations[i];
     const std::string& where = shard.location;
-    const std::string index_location =
-        options.index.empty() ? index_location_for(shard) : options.index;
-    auto found = indexes.find(index_location);
-    if (found == indexes.end()) {
-      const ShardLocation index = locate(index_location);
-      std::string text;
-      if (index.remote) {
-        if (!http) http = std::make_unique<detail::HttpClient>(options);
-        std::vector<uint8_t> bytes;
-        try {
-          http->get(index.location, bytes);
-        } catch (const std::exception& e) {
-          throw std::runtime_error("tar_shards: " + where + ": cannot read its index: " + e.what());
-        }
-        text.assign(bytes.begin(), bytes.end());
-      } else {
-        std::error_code ec;
-        if (!std::filesystem::is_regular_file(index.location, ec)) {
-          throw std::invalid_argument("tar_shards: " + where + ": no index " + index.location +
-                                      " beside it; shards without an index (streaming mode) "
-                                      "are not supported yet");
-        }
-        std::ifstream in(index.location, std::ios::binary);
-        if (!in) throw std::runtime_error("tar_shards: cannot open index " + index.location);
-        std::ostringstream buffer;
-        buffer << in.rdbuf();
-        text = buffer.str();
-      }
-      found = indexes.emplace(index_location, parse_index(std::move(text), index_location)).first;
-    }
-    const ShardIndex& index = found->second;
-    if (classes == nullptr) {
-      classes = &index.classes;
-    } else if (*classes != index.classes) {
-      throw std::invalid_argument("tar_shards: " + where + ": its index " + index_location +
-                                  " names other classes than the first shard's index");
-    }
+    const ShardIndex& index = *index_of[i];
     const std::string name = file_name_of(shard);
-    const auto bytes = index.shard_bytes.find(name);
-    if (bytes == index.shard_bytes.end()) {
-      throw std::runtime_error("tar_shards: " + where + " is not listed in its index " +
-                               index_location);
-    }
-
+    const uint64_t indexed_bytes = index.shard_bytes.at(name);
     detail::ShardFile file;
     if (!shard.remote) {
       file = detail::ShardFile(::open(where.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
@@ -629,10 +716,10 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
       }
       // Shorter than the index says: truncated, and only the members it cuts fail, when read.
       // Longer: rewritten, and the offsets cannot be trusted.
-      if (static_cast<uint64_t>(st.st_size) > bytes->second) {
+      if (static_cast<uint64_t>(st.st_size) > indexed_bytes) {
         throw std::runtime_error("tar_shards: shard " + where + " is " +
                                  std::to_string(st.st_size) + " bytes but its index " +
-                                 index_location + " says " + std::to_string(bytes->second) +
+                                 index_location[i] + " says " + std::to_string(indexed_bytes) +
                                  " (rewritten since the index was written?)");
       }
     }
@@ -645,8 +732,8 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
     const auto samples = index.samples.find(name);
     if (samples == index.samples.end()) continue;  // a shard may hold no sample
     for (const IndexSample& s : samples->second) {
-      if (s.size == 0 || s.offset > bytes->second || s.size > bytes->second - s.offset) {
-        throw std::runtime_error("tar_shards: index " + index_location + ": sample " + s.key +
+      if (s.size == 0 || s.offset > indexed_bytes || s.size > indexed_bytes - s.offset) {
+        throw std::runtime_error("tar_shards: index " + index_location[i] + ": sample " + s.key +
                                  ".jpg lies outside shard " + where);
       }
       shared->members.push_back({shard_number, s.offset, s.size});

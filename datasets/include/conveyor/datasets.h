@@ -140,6 +140,28 @@ struct ShardOptions {
   // the backoff.
   std::chrono::milliseconds request_timeout{30000};
   std::chrono::milliseconds connect_timeout{5000};
+
+  // Streaming mode: each shard is read whole, in order, instead of one ranged read per sample.
+  // Chosen when `streaming` is true, or when a shard has no index. The order is a pure function
+  // of (the loader's seed, epoch): the shards are permuted per epoch and split over the ranks
+  // (rank r takes every world_size-th), then the rank's samples pass through a shuffle buffer of
+  // `shuffle_buffer` samples (1: the shards' own order). One reader thread per source reads the
+  // shards; the loader's workers decode. Read it with the loader's default sequential sampler
+  // (the order comes from the stream); every rank has the same number of samples per epoch.
+  bool streaming = false;
+  size_t shuffle_buffer = 1000;
+  size_t rank = 0;  // this process's rank, and the ranks that share the shards (streaming)
+  size_t world_size = 1;
+  // Samples per rank per epoch. 0 (the default): what every rank can fill in every epoch, the
+  // sum of the floor(shards / world_size) smallest shards' sample counts, known from the index
+  // or, for local shards without one, from a pass over their tar headers. Required for remote
+  // shards without an index. A stream that runs short fails its last positions (on_error).
+  size_t epoch_samples = 0;
+  // Positions the stream holds below the highest one asked for (for concurrent and substitute
+  // reads; at least the loader's slots x batch_size), and reads ahead of it. Memory is about
+  // (shuffle_buffer + stream_window + stream_lookahead) encoded samples.
+  size_t stream_window = 2048;
+  size_t stream_lookahead = 512;
 };
 
 // JPEG images with labels, decoded into "image" (uint8 [3,S,S] or [S,S,3]) and "label" (int64).
@@ -160,28 +182,39 @@ class ImageSource : public SampleSource {
   static std::unique_ptr<ImageSource> in_memory(std::vector<std::vector<uint8_t>> jpegs,
                                                 std::vector<int64_t> labels,
                                                 ImageTransform transform);
-  // WebDataset tar shards read at random through their index (random-access mode): what
-  // conveyor-prepare --format wds writes (tools/prepare.cpp), each sample KEY.jpg + KEY.cls.
-  // `shards` are local paths, file:// URLs or http(s):// URLs, each possibly in WebDataset's
-  // brace notation (expand_shard_braces: "train-{000000..000012}.tar"). A shard named
-  // PREFIX-NNNNNN.tar (any number of digits) is indexed by PREFIX.index.json beside it (or by
-  // options.index). The dataset is the shards in the order given (after expansion), each shard's
-  // samples in the index's order; labels and classes() come from the index. Each sample is one
-  // ranged read of its .jpg member (pread() locally, an HTTP Range request remotely, on a
-  // connection each worker keeps), decoded exactly as image_folder() decodes files (same
-  // transform, same SampleContext rules), so samplers, resume and DistributedSampler work as they
-  // do there. describe(i) and items()[i].path read "SHARD (member KEY.jpg)".
-  // A shard shorter than its index says (truncated) fails only the samples it cuts: their reads
-  // throw naming the shard and the byte range (the loader adds the member and the sample), and
-  // go through the loader's on_error policy. HTTP requests that time out, are refused or reset,
-  // or get 5xx, 408 or 429 are retried (ShardOptions); then, or at once for other statuses, the
-  // read throws naming the URL and the HTTP status. Every request has a deadline, so a dead
-  // server never hangs a worker.
-  // Throws std::invalid_argument for an unsupported URL scheme, a shard without an index
-  // (streaming mode is not supported yet), a name that is not PREFIX-NNNNNN.tar (without
-  // options.index), or malformed braces; std::runtime_error naming the file or URL for a missing
-  // or unreadable shard or index, a malformed index, a shard the index does not list, or a local
-  // shard longer than the index says (rewritten since).
+  // WebDataset tar shards: what conveyor-prepare --format wds writes (tools/prepare.cpp), or any
+  // tar whose samples are KEY.jpg (or .jpeg) + KEY.cls (the label as decimal text). `shards` are
+  // local paths, file:// or http(s):// URLs, each possibly in WebDataset's brace notation
+  // (expand_shard_braces: "train-{000000..000012}.tar"). A shard named PREFIX-NNNNNN.tar (any
+  // number of digits) is indexed by PREFIX.index.json beside it (or by options.index).
+  //
+  // Random-access mode (every shard has an index, and options.streaming is false): the dataset is
+  // the shards in the order given (after expansion), each shard's samples in the index's order;
+  // labels and classes() come from the index. Each sample is one ranged read of its .jpg member
+  // (pread() locally, an HTTP Range request remotely, on a connection each worker keeps), decoded
+  // exactly as image_folder() decodes files (same transform, same SampleContext rules), so
+  // samplers, resume and DistributedSampler work as they do there. describe(i) and
+  // items()[i].path read "SHARD (member KEY.jpg)". A shard shorter than its index says
+  // (truncated) fails only the samples it cuts: their reads throw naming the shard and the byte
+  // range (the loader adds the member and the sample), through the loader's on_error policy.
+  //
+  // Streaming mode (options.streaming, or a shard without an index; see ShardOptions): size() is
+  // the samples per rank per epoch, sample i is position i of the epoch's stream, and items() is
+  // empty; use the loader's default sequential sampler (not DistributedSampler: the ranks are
+  // options.rank of options.world_size) and one loader at a time per source. Resume works: the
+  // stream is read again from its start up to the checkpoint. A shard that cannot be read
+  // (truncated, a dead server) loses the samples it still held; the stream then ends early and
+  // its last positions fail through on_error, naming the shards' errors. describe(i) names the
+  // shard and member while position i is held.
+  //
+  // HTTP requests that time out, are refused or reset, or get 5xx, 408 or 429 are retried
+  // (ShardOptions); then, or at once for other statuses, the read throws naming the URL and the
+  // HTTP status. Every request has a deadline, so a dead server never hangs a worker.
+  // Throws std::invalid_argument for an unsupported URL scheme, malformed braces, a rank outside
+  // world_size, fewer shards than ranks, or remote streamed shards without an index or
+  // epoch_samples; std::runtime_error naming the file or URL for a missing or unreadable shard
+  // or index, a malformed index, a shard the index does not list, a local shard longer than the
+  // index says (rewritten since), or shards that hold no samples.
   static std::unique_ptr<ImageSource> tar_shards(const std::vector<std::string>& shards,
                                                  ImageTransform transform,
                                                  const ShardOptions& options = ShardOptions());
@@ -204,7 +237,9 @@ class ImageSource : public SampleSource {
               std::vector<std::vector<uint8_t>> memory, ImageTransform transform);
   struct Worker;
   struct Shards;  // datasets/src/shards.h: open shard files and each sample's member
-  std::shared_ptr<const Shards> shards_;  // null unless tar_shards
+  std::shared_ptr<const Shards> shards_;  // null unless tar_shards in random-access mode
+  struct Stream;                    // datasets/src/shard_stream.h: the reader of streaming mode
+  std::shared_ptr<Stream> stream_;  // null unless tar_shards in streaming mode
   std::vector<ImageItem> items_;
   std::vector<std::string> classes_;
   std::vector<std::vector<uint8_t>> memory_;  // empty unless in_memory
