@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -417,13 +418,118 @@ TEST(ShardsTest, FileListKeepsItsLabels) {
   EXPECT_EQ(got, (std::vector<int64_t>{0, 2, 2, 11}));  // by label, then by key
 }
 
+// The JPEG's restart interval (DRI), its MCUs per row, and the RST markers in its scan; -1 where
+// there is no DRI. Baseline files only (the rewrite's output).
+struct RestartLayout {
+  int interval = -1;
+  int mcus_per_row = 0;
+  int markers = 0;
+  bool baseline = false;
+};
+
+RestartLayout restart_layout(const std::string& jpeg) {
+  RestartLayout r;
+  auto byte = [&](size_t i) { return static_cast<uint8_t>(jpeg[i]); };
+  auto word = [&](size_t i) { return (byte(i) << 8) | byte(i + 1); };
+  size_t i = 2;
+  int width = 0, components = 0, max_h = 1;
+  while (i + 4 <= jpeg.size()) {
+    if (byte(i) != 0xFF) return r;
+    const uint8_t marker = byte(i + 1);
+    const size_t length = static_cast<size_t>(word(i + 2));
+    if (marker == 0xDD) r.interval = word(i + 4);
+    if (marker == 0xC0 || marker == 0xC1 || marker == 0xC2) {
+      r.baseline = marker == 0xC0;
+      width = word(i + 7);
+      components = byte(i + 9);
+      for (int c = 0; c < components; ++c) max_h = std::max(max_h, byte(i + 11 + 3 * c) >> 4);
+    }
+    if (marker == 0xDA) {
+      for (size_t j = i + 2 + length; j + 1 < jpeg.size(); ++j) {
+        if (byte(j) == 0xFF && byte(j + 1) >= 0xD0 && byte(j + 1) <= 0xD7) ++r.markers;
+      }
+      break;
+    }
+    i += 2 + length;
+  }
+  const int mcu = components == 1 ? 8 : 8 * max_h;
+  r.mcus_per_row = (width + mcu - 1) / mcu;
+  return r;
+}
+
+// --restart rewrites every kind of JPEG (gray, CMYK with and without the Adobe marker, YCCK,
+// progressive, 4:4:4 and 4:2:0) losslessly: baseline, restart intervals that tile each MCU row,
+// the same decoded pixels as the input, so the same batches; the summary gives the size change.
+TEST(ShardsTest, RestartMarkersAreLosslessAndTileEveryRow) {
+  TempDir dir;
+  GeneratorOptions g;
+  g.classes = 1;
+  g.images_per_class = 25;  // one of each of the 25 kinds in the mixed cycle
+  g.mixed = true;
+  g.threads = 2;
+  generate_image_folder(dir / "mixed", g);
+  const CommandResult result =
+      prepare((dir / "mixed").string() + " " + (dir / "restarted").string() +
+                  " --format folder --restart 3 --workers 2",
+              dir);
+  ASSERT_EQ(result.status, 0) << result.err;
+  EXPECT_NE(result.out.find("25 samples written, 0 skipped"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("restart markers every 3 MCUs"), std::string::npos) << result.out;
+
+  auto original =
+      std::shared_ptr<ImageSource>(ImageSource::image_folder(dir / "mixed", small_train()));
+  auto restarted =
+      std::shared_ptr<ImageSource>(ImageSource::image_folder(dir / "restarted", small_train()));
+  ASSERT_EQ(restarted->size(), 25u);
+  JpegDecoder a, b;
+  std::vector<uint8_t> in, out;
+  for (size_t i = 0; i < 25; ++i) {
+    read_file(original->items()[i].path, in);
+    read_file(restarted->items()[i].path, out);
+    const RestartLayout layout = restart_layout(std::string(out.begin(), out.end()));
+    EXPECT_TRUE(layout.baseline) << restarted->items()[i].path;
+    ASSERT_GE(layout.interval, 1) << restarted->items()[i].path;
+    EXPECT_LE(layout.interval, 3);
+    EXPECT_EQ(layout.mcus_per_row % layout.interval, 0)
+        << "interval " << layout.interval << " does not tile " << layout.mcus_per_row;
+    EXPECT_GT(layout.markers, 0);
+    const DecodedImage x = a.decode(in.data(), in.size());
+    const DecodedImage y = b.decode(out.data(), out.size());
+    ASSERT_EQ(x.width, y.width);
+    ASSERT_EQ(x.height, y.height);
+    ASSERT_EQ(x.channels, y.channels);
+    for (int row = 0; row < x.height; ++row) {
+      ASSERT_EQ(std::memcmp(x.pixels + x.stride * static_cast<size_t>(row),
+                            y.pixels + y.stride * static_cast<size_t>(row),
+                            static_cast<size_t>(x.width * x.channels)),
+                0)
+          << restarted->items()[i].path << " row " << row;
+    }
+  }
+  expect_same(read_epoch(original, RandomSampler::make(2)),
+              read_epoch(restarted, RandomSampler::make(2)));
+
+  // The same into shards.
+  const CommandResult shards =
+      prepare((dir / "mixed").string() + " " + (dir / "shards" / "r").string() +
+                  " --format wds --restart 2 --workers 2",
+              dir);
+  ASSERT_EQ(shards.status, 0) << shards.err;
+  auto tars = std::shared_ptr<ImageSource>(
+      ImageSource::tar_shards({(dir / "shards" / "r-000000.tar").string()}, small_train()));
+  expect_same(read_epoch(original, RandomSampler::make(2)),
+              read_epoch(tars, RandomSampler::make(2)));
+}
+
 TEST(ShardsTest, UsageErrors) {
   TempDir dir;
   EXPECT_EQ(prepare("", dir).status, 2);
   EXPECT_EQ(prepare("a b --format zip", dir).status, 2);
-  const CommandResult restart = prepare("a b --format wds --restart 3", dir);
-  EXPECT_EQ(restart.status, 2);
-  EXPECT_NE(restart.err.find("not implemented yet"), std::string::npos) << restart.err;
+  for (const char* bad : {"0", "x", "70000"}) {
+    const CommandResult restart = prepare(std::string("a b --format wds --restart ") + bad, dir);
+    EXPECT_EQ(restart.status, 2) << bad;
+    EXPECT_NE(restart.err.find("--restart"), std::string::npos) << restart.err;
+  }
   const CommandResult help = prepare("--help", dir);
   EXPECT_EQ(help.status, 0);
   EXPECT_NE(help.out.find("--shard-size"), std::string::npos);

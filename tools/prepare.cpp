@@ -31,6 +31,7 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
+#include "restart_markers.h"
 
 namespace {
 
@@ -39,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr const char* kUsage =
     R"(usage: conveyor-prepare SRC DST --format wds|folder [--shard-size BYTES] [--workers W]
-                        [--on-error skip|raise]
+                        [--on-error skip|raise] [--restart N]
 
 SRC   an ImageFolder (SRC/<class>/<image>.jpg|jpeg; classes are the sorted folder names) or a
       file list (lines 'path<TAB>label', relative paths relative to the list's folder).
@@ -56,7 +57,12 @@ DST   --format wds: the shards' prefix. Writes DST-000000.tar, DST-000001.tar, .
                     on stderr with its path and left out (the default).
 --on-error raise    such an input stops the run with exit status 1; shards written before it are
                     left, the index is not written.
---restart N         not implemented yet (exit 2).
+--restart N         rewrite every JPEG losslessly (DCT coefficients kept; baseline Huffman with
+                    optimized tables; APP and COM markers, EXIF included, kept) with a restart
+                    marker every N MCUs, or the largest divisor of the MCUs per row below N, so
+                    the intervals tile each MCU row (for crop-proportional decoding). Each
+                    rewrite is decoded and compared with the input's pixels; one that differs
+                    counts as undecodable. The summary gives the size change.
 
 Progress goes to stderr (a line per shard, or every few seconds); the summary line to stdout.
 Shards from an earlier run with more shards are not removed; the index lists the current ones.
@@ -69,6 +75,7 @@ struct Options {
   uint64_t shard_size = 256ull << 20;
   size_t workers = 0;
   bool raise = false;
+  int restart = 0;  // MCUs per restart interval; 0: files are copied as they are
 };
 
 class UsageError : public std::runtime_error {
@@ -132,7 +139,13 @@ Options parse(int argc, char** argv) {
       if (p != "skip" && p != "raise") throw UsageError("--on-error: '" + p + "'");
       o.raise = p == "raise";
     } else if (arg == "--restart") {
-      throw UsageError("--restart is not implemented yet");
+      const std::string r = value();
+      char* end = nullptr;
+      const unsigned long n = std::strtoul(r.c_str(), &end, 10);
+      if (r.empty() || *end != '\0' || n < 1 || n > 65535) {
+        throw UsageError("--restart: '" + r + "' (MCUs per restart interval, 1..65535)");
+      }
+      o.restart = static_cast<int>(n);
     } else if (arg.size() > 1 && arg[0] == '-') {
       throw UsageError("unknown option " + arg);
     } else {
@@ -402,8 +415,39 @@ std::vector<std::string> label_folders(const std::vector<conveyor::ImageItem>& i
 
 struct Checked {
   std::vector<uint8_t> bytes;
-  std::string error;  // empty when the input read and decoded
+  std::string error;         // empty when the input read and decoded
+  uint64_t input_bytes = 0;  // before a --restart rewrite
 };
+
+// The pixels of a full decode, copied out of the decoder's buffer.
+std::vector<uint8_t> pixels_of(conveyor::JpegDecoder& decoder, const std::vector<uint8_t>& jpeg,
+                               int& width, int& height) {
+  const conveyor::DecodedImage image = decoder.decode(jpeg.data(), jpeg.size());
+  width = image.width;
+  height = image.height;
+  const size_t row = static_cast<size_t>(image.width) * static_cast<size_t>(image.channels);
+  std::vector<uint8_t> out(row * static_cast<size_t>(image.height));
+  for (int y = 0; y < image.height; ++y) {
+    std::memcpy(out.data() + row * static_cast<size_t>(y),
+                image.pixels + image.stride * static_cast<size_t>(y), row);
+  }
+  return out;
+}
+
+// --restart: rewrites `bytes` with restart markers and checks that it decodes to the same pixels.
+void rewrite_with_restarts(conveyor::JpegDecoder& decoder, int target,
+                           std::vector<uint8_t>& bytes) {
+  int w0 = 0, h0 = 0, w1 = 0, h1 = 0;
+  const std::vector<uint8_t> before = pixels_of(decoder, bytes, w0, h0);
+  conveyor::tools::RestartRewrite rewritten =
+      conveyor::tools::add_restart_markers(bytes.data(), bytes.size(), target);
+  if (pixels_of(decoder, rewritten.jpeg, w1, h1) != before || w0 != w1 || h0 != h1) {
+    throw std::runtime_error("the rewrite with restart markers every " +
+                             std::to_string(rewritten.interval) +
+                             " MCUs decodes to other pixels than the input");
+  }
+  bytes = std::move(rewritten.jpeg);
+}
 
 int run(const Options& o) {
   std::unique_ptr<conveyor::ImageSource> source;
@@ -435,6 +479,8 @@ int run(const Options& o) {
   std::vector<Checked> checked(window);
   size_t written = 0;
   size_t skipped = 0;
+  uint64_t input_bytes = 0;   // of the samples written, as read
+  uint64_t output_bytes = 0;  // of the same, as written
   for (size_t begin = 0; begin < items.size(); begin += window) {
     const size_t end = std::min(items.size(), begin + window);
     std::atomic<size_t> next{begin};
@@ -447,7 +493,12 @@ int run(const Options& o) {
             c.error.clear();
             try {
               conveyor::read_file(items[i].path, c.bytes);
-              decoders[w].decode(c.bytes.data(), c.bytes.size());
+              c.input_bytes = c.bytes.size();
+              if (o.restart > 0) {
+                rewrite_with_restarts(decoders[w], o.restart, c.bytes);
+              } else {
+                decoders[w].decode(c.bytes.data(), c.bytes.size());
+              }
             } catch (const std::exception& e) {
               c.error = e.what();
               if (c.error.empty()) c.error = "unknown error";
@@ -470,6 +521,8 @@ int run(const Options& o) {
         ++skipped;
         continue;
       }
+      input_bytes += c.input_bytes;
+      output_bytes += c.bytes.size();
       if (shards) {
         shards->add(key_of(i), c.bytes, items[i].label, progress, i);
       } else {
@@ -496,6 +549,18 @@ int run(const Options& o) {
   std::cout << "conveyor-prepare: " << written << " samples written, " << skipped
             << " skipped (unreadable or undecodable); " << bytes << " bytes in " << where << "; "
             << rate << "\n";
+  if (o.restart > 0) {
+    char change[160];
+    std::snprintf(
+        change, sizeof change,
+        "conveyor-prepare: restart markers every %d MCUs (at most): JPEG bytes %" PRIu64
+        " -> %" PRIu64 " (%+.1f%%)\n",
+        o.restart, input_bytes, output_bytes,
+        input_bytes > 0
+            ? 100.0 * (static_cast<double>(output_bytes) / static_cast<double>(input_bytes) - 1.0)
+            : 0.0);
+    std::cout << change;
+  }
   return 0;
 }
 
