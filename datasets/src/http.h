@@ -52,5 +52,34 @@ class HttpClient {
   ShardOptions options_;
 };
 
+// Ranged GETs started ahead of need: up to `in_flight` at once on their own connections (a libcurl
+// multi handle), so that the requests for a worker's next samples travel while it decodes.
+// Only the happy path lives here: take() hands over a range that arrived whole with 206 (or 200
+// for a whole resource), and reports anything else as not taken, so that the caller reads it
+// again through HttpClient::get_range, with its retries and its errors.
+// Thread safety: one per worker, used by that worker only.
+class HttpReadAhead {
+ public:
+  HttpReadAhead(const ShardOptions& options, size_t in_flight);
+  ~HttpReadAhead();
+  HttpReadAhead(const HttpReadAhead&) = delete;
+  HttpReadAhead& operator=(const HttpReadAhead&) = delete;
+
+  struct Range {
+    const std::string* url = nullptr;  // must outlive the request
+    uint64_t offset = 0;
+    uint64_t size = 0;
+  };
+  // Forgets the ranges asked for before (aborting their requests) and starts these, in order.
+  void start(const std::vector<Range>& ranges);
+  // If `range` was started, waits for it and moves its bytes into `out`: true when they arrived
+  // whole. False when it was not started or did not arrive whole.
+  bool take(const Range& range, std::vector<uint8_t>& out);
+
+ private:
+  struct Transfers;
+  std::unique_ptr<Transfers> transfers_;
+};
+
 }  // namespace detail
 }  // namespace conveyor

@@ -308,6 +308,7 @@ struct ImageSource::Worker {
   ImageWriter writer;
   std::vector<uint8_t> file;
   std::unique_ptr<detail::ShardReader> shard_reader;  // tar_shards: made on first use
+  std::vector<detail::MemberRange> upcoming;          // will_write's members, reused
   std::array<std::atomic<uint64_t>, 9> scales{};
   explicit Worker(const ImageTransform& t) : writer(t) {}
 };
@@ -458,6 +459,15 @@ void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* field
   w.writer.write(data, size, ctx, fields[0]);
   w.scales[static_cast<size_t>(w.writer.last_scale())].fetch_add(1, std::memory_order_relaxed);
   std::memcpy(fields[1], &item.label, sizeof(int64_t));
+}
+
+void ImageSource::will_write(size_t worker, const size_t* indices, size_t count) {
+  if (!shards_ || !shards_->remote) return;
+  Worker& w = *workers_.at(worker);
+  if (!w.shard_reader) w.shard_reader = shards_->open_reader();
+  w.upcoming.clear();
+  for (size_t i = 0; i < count; ++i) w.upcoming.push_back(shards_->members.at(indices[i]));
+  w.shard_reader->will_read(w.upcoming);
 }
 
 std::string ImageSource::describe(size_t index) const {

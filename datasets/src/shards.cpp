@@ -493,6 +493,19 @@ class ShardReaderOfSet final : public detail::ShardReader {
                    const std::vector<detail::ShardFile>& files, const ShardOptions& options)
       : locations_(locations), files_(files), options_(options) {}
 
+  void will_read(const std::vector<detail::MemberRange>& members) override {
+    if (options_.requests_in_flight <= 1) return;
+    ranges_.clear();
+    for (const auto& m : members) {
+      if (files_.at(m.shard).get() < 0) ranges_.push_back({&locations_[m.shard], m.offset, m.size});
+    }
+    if (ranges_.empty()) return;
+    if (!ahead_) {
+      ahead_ = std::make_unique<detail::HttpReadAhead>(options_, options_.requests_in_flight);
+    }
+    ahead_->start(ranges_);
+  }
+
   void read(uint32_t shard, uint64_t offset, uint64_t size, std::vector<uint8_t>& out) override {
     const std::string& where = locations_.at(shard);
     if (size > std::numeric_limits<size_t>::max() / 2) {
@@ -500,8 +513,10 @@ class ShardReaderOfSet final : public detail::ShardReader {
     }
     const int fd = files_.at(shard).get();
     if (fd < 0) {
+      if (ahead_ && ahead_->take({&where, offset, size}, out)) return;
+      // Not read ahead, or not whole: read it (again) with retries; errors name the URL.
       if (!http_) http_ = std::make_unique<detail::HttpClient>(options_);
-      http_->get_range(where, offset, size, out);  // its errors name the URL and the range
+      http_->get_range(where, offset, size, out);
       return;
     }
     const auto bytes = static_cast<size_t>(size);
@@ -530,6 +545,8 @@ class ShardReaderOfSet final : public detail::ShardReader {
   const std::vector<detail::ShardFile>& files_;
   const ShardOptions& options_;
   std::unique_ptr<detail::HttpClient> http_;
+  std::unique_ptr<detail::HttpReadAhead> ahead_;  // made on the first hint with remote members
+  std::vector<detail::HttpReadAhead::Range> ranges_;
 };
 
 }  // namespace
@@ -729,6 +746,7 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
     const auto shard_number = static_cast<uint32_t>(shared->files.size());
     shared->locations.push_back(where);
     shared->files.push_back(std::move(file));
+    shared->remote = shared->remote || shard.remote;
     const auto samples = index.samples.find(name);
     if (samples == index.samples.end()) continue;  // a shard may hold no sample
     for (const IndexSample& s : samples->second) {

@@ -20,6 +20,13 @@
 namespace conveyor {
 namespace detail {
 
+// Where one .jpg member lies.
+struct MemberRange {
+  uint32_t shard = 0;   // index into Shards::locations
+  uint64_t offset = 0;  // of the member's data in the shard
+  uint64_t size = 0;    // of the member's data
+};
+
 // One worker's way to fetch members. Not thread-safe; one per worker.
 class ShardReader {
  public:
@@ -28,6 +35,8 @@ class ShardReader {
   // std::runtime_error naming the shard (its path or URL), the byte range and the cause when the
   // read fails, or when the shard ends before the member does. The loader adds the sample.
   virtual void read(uint32_t shard, uint64_t offset, uint64_t size, std::vector<uint8_t>& out) = 0;
+  // The members the worker reads next, in order: a remote reader starts their requests.
+  virtual void will_read(const std::vector<MemberRange>& members) = 0;
 };
 
 // An owned file descriptor, closed on destruction; -1 when none is open.
@@ -49,14 +58,11 @@ class ShardFile {
 }  // namespace detail
 
 struct ImageSource::Shards {
-  struct Member {
-    uint32_t shard = 0;   // index into locations
-    uint64_t offset = 0;  // of the .jpg member's data in the shard
-    uint64_t size = 0;    // of the .jpg member's data
-  };
+  using Member = detail::MemberRange;
   std::vector<std::string> locations;    // per shard: the path (file:// removed) or the URL
   std::vector<detail::ShardFile> files;  // per shard; not open for a remote one
   std::vector<Member> members;           // one per sample
+  bool remote = false;                   // some shard is read over HTTP
   ShardOptions options;                  // for the HTTP readers
 
   // A reader for one worker: pread() on `files` for local shards, and its own HTTP connection

@@ -63,6 +63,10 @@ bool BatchFiller::fill(size_t worker, uint32_t slot, size_t chunk, SlotMeta& met
   const size_t base = meta.sequence * options_.batch_size;  // the batch's first place in order_
   CONVEYOR_DEBUG_CHECK(first < last && base + last <= order_.size(), "a job is a real chunk");
   std::array<std::byte*, kMaxFields> rows{};
+  try {  // a hint: the source may start reading the chunk's samples at once
+    source_.will_write(worker, &order_[base + first], last - first);
+  } catch (...) {  // a failed hint costs nothing; each sample's own read reports its errors
+  }
   for (size_t r = first; r < last; ++r) {
     if (generation_.load(std::memory_order_relaxed) != meta.generation) {
       meta.cancelled.store(true);

@@ -58,6 +58,14 @@ class SampleSource {
   virtual void write_sample(const SampleContext& ctx, std::byte* const* fields) = 0;
   // A human-readable name for a sample, for errors and skip lists (the file path for images).
   virtual std::string describe(size_t index) const;
+  // A hint: worker `worker` is about to write these `count` samples, in this order (its chunk of
+  // a batch). A source that reads over a network may start fetching them all at once. It never
+  // changes what write_sample() writes; the default ignores it. Called from the worker's thread.
+  virtual void will_write(size_t worker, const size_t* indices, size_t count) {
+    (void)worker;
+    (void)indices;
+    (void)count;
+  }
 };
 
 enum class ImageLayout { kCHW, kHWC };
@@ -140,6 +148,10 @@ struct ShardOptions {
   // the backoff.
   std::chrono::milliseconds request_timeout{30000};
   std::chrono::milliseconds connect_timeout{5000};
+  // HTTP(S), random-access mode: Range requests each worker keeps in flight for the samples it
+  // is about to decode (each on its own connection), so that the network hides behind decoding.
+  // 1: one request at a time.
+  size_t requests_in_flight = 4;
 
   // Streaming mode: each shard is read whole, in order, instead of one ranged read per sample.
   // Chosen when `streaming` is true, or when a shard has no index. The order is a pure function
@@ -225,6 +237,9 @@ class ImageSource : public SampleSource {
   void prepare(size_t workers) override;
   void write_sample(const SampleContext& ctx, std::byte* const* fields) override;
   std::string describe(size_t index) const override;
+  // Remote shards in random-access mode: starts up to ShardOptions::requests_in_flight of the
+  // samples' Range requests at once, on the worker's own connections.
+  void will_write(size_t worker, const size_t* indices, size_t count) override;
 
   const std::vector<ImageItem>& items() const { return items_; }
   const std::vector<std::string>& classes() const { return classes_; }
