@@ -52,11 +52,72 @@ double percentile(std::vector<double> v, double p) {
   return v[std::min(i, v.size() - 1)];
 }
 
+bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
+
+bool is_http(const std::string& pattern) {
+  return starts_with(pattern, "http://") || starts_with(pattern, "https://");
+}
+
 }  // namespace
 
-RunResult run_conveyor(const BenchConfig& config) {
+bool is_shard_source(const std::string& data) {
+  const bool tar = data.size() >= 4 && data.compare(data.size() - 4, 4, ".tar") == 0;
+  const bool braces = data.find('{') != std::string::npos && data.find(".tar") != std::string::npos;
+  return tar || braces || is_http(data) || starts_with(data, "file://");
+}
+
+std::vector<std::string> shard_patterns(const std::string& data) {
+  std::vector<std::string> out;
+  std::string current;
+  int depth = 0;
+  for (char ch : data) {
+    if (ch == '{') ++depth;
+    if (ch == '}' && depth > 0) --depth;
+    if (ch == ',' && depth == 0) {
+      if (!current.empty()) out.push_back(current);
+      current.clear();
+      continue;
+    }
+    current += ch;
+  }
+  if (!current.empty()) out.push_back(current);
+  if (out.empty()) throw std::invalid_argument("no shard pattern in '" + data + "'");
+  return out;
+}
+
+SourceKind source_kind(const std::string& data) {
+  if (!is_shard_source(data)) return SourceKind::kImageFolder;
+  size_t http = 0;
+  const std::vector<std::string> patterns = shard_patterns(data);
+  for (const auto& p : patterns) http += is_http(p) ? 1 : 0;
+  if (http == 0) return SourceKind::kLocalShards;
+  return http == patterns.size() ? SourceKind::kHttpShards : SourceKind::kMixedShards;
+}
+
+std::string source_kind_name(SourceKind kind) {
+  switch (kind) {
+    case SourceKind::kImageFolder:
+      return "image_folder";
+    case SourceKind::kLocalShards:
+      return "tar_shards (local)";
+    case SourceKind::kHttpShards:
+      return "tar_shards (http)";
+    case SourceKind::kMixedShards:
+      return "tar_shards (local+http)";
+  }
+  return "unknown";
+}
+
+std::unique_ptr<ImageSource> open_source(const std::string& data, ImageTransform transform) {
+  if (source_kind(data) == SourceKind::kImageFolder) {
+    return ImageSource::image_folder(data, transform);
+  }
+  return ImageSource::tar_shards(shard_patterns(data), transform);
+}
+
+RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   ImageTransform transform = ImageTransform::train(config.crop);
-  std::shared_ptr<ImageSource> source = ImageSource::image_folder(config.data, transform);
+  std::shared_ptr<ImageSource> source = open_source(config.data, transform);
   LoaderOptions o;
   o.batch_size = config.batch_size;
   o.workers = config.workers;
@@ -64,11 +125,12 @@ RunResult run_conveyor(const BenchConfig& config) {
   o.on_error = config.skip ? ErrorPolicy::kSkip : ErrorPolicy::kRaise;
   DataLoader loader(source, o, RandomSampler::make(0));
   RunResult r;
-  r.name = "conveyor";
+  r.name = name;
+  r.data = config.data;
   r.device = o.device.str();
   r.mode = loader.mode();
   r.pinned_bytes = loader.pinned_bytes();
-  Progress progress("conveyor", source->size() * config.epochs, config.progress);
+  Progress progress(name, source->size() * config.epochs, config.progress);
   std::vector<double> intervals;
   const double t0 = now_seconds();
   double last = t0;
@@ -162,6 +224,7 @@ RunResult run_ceiling(const BenchConfig& config) {
   if (failed) throw std::runtime_error(failure);
   RunResult r;
   r.name = "ceiling";
+  r.data = config.data;
   r.images = total;
   r.seconds = now_seconds() - t0;
   r.images_per_s = total / r.seconds;
@@ -218,7 +281,9 @@ RunResult run_torch_loader(const std::string& name, const BenchConfig& config);
 
 RunResult run_reference(const std::string& name, const BenchConfig& config) {
   if (name == "ceiling") return run_ceiling(config);
-  return run_torch_loader(name, config);
+  RunResult r = run_torch_loader(name, config);
+  r.data = config.data;
+  return r;
 }
 
 }  // namespace conveyor::bench

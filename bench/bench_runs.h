@@ -4,13 +4,42 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "conveyor/datasets.h"
+
 namespace conveyor::bench {
 
-struct BenchConfig {
+// What --data and --reference-data name: an ImageFolder, or WebDataset tar shards (local paths,
+// file:// or http(s):// URLs, brace patterns) read through ImageSource::tar_shards.
+enum class SourceKind { kImageFolder, kLocalShards, kHttpShards, kMixedShards };
+
+// True when `data` names tar shards: it ends in ".tar", holds a '{' and ".tar", or starts with
+// http://, https:// or file://. Anything else is an ImageFolder.
+bool is_shard_source(const std::string& data);
+// The comma-separated patterns of a shard source, split outside braces ("{train,val}.tar" stays
+// one pattern).
+std::vector<std::string> shard_patterns(const std::string& data);
+SourceKind source_kind(const std::string& data);
+// "image_folder", "tar_shards (local)", "tar_shards (http)" or "tar_shards (local+http)".
+std::string source_kind_name(SourceKind kind);
+// ImageSource::image_folder or ImageSource::tar_shards, as `data` says.
+std::unique_ptr<ImageSource> open_source(const std::string& data, ImageTransform transform);
+
+// --reference-data NAME=SOURCE: Conveyor itself, same options, on another source.
+struct ReferenceData {
+  std::string name;  // the run is "conveyor:NAME"
   std::string data;
+};
+
+struct BenchConfig {
+  std::string data;  // what Conveyor reads: a folder or tar shards
+  std::vector<ReferenceData> reference_data;
+  // The ImageFolder that ceiling, torch, torch-fused and naive read: `data` when it is a folder,
+  // else the first folder among reference_data (empty if none).
+  std::string reference_folder;
   size_t batch_size = 256;
   size_t workers = 1;
   size_t epochs = 2;
@@ -40,10 +69,14 @@ struct RunResult {
   // Conveyor's images/s over this run's, one per round (same round, same process); the table
   // and the JSON give their median.
   std::vector<double> ratios;
+  // This run's images/s in each round, in round order (the table's figure is their median).
+  std::vector<double> round_images_per_s;
+  std::string data;  // what it read (BenchConfig::data, a reference's data or reference_folder)
 };
 
-RunResult run_conveyor(const BenchConfig& config);
-// "ceiling", "torch", "torch-fused" or "naive".
+// Conveyor on config.data (a folder or tar shards), named `name`.
+RunResult run_conveyor(const BenchConfig& config, const std::string& name = "conveyor");
+// "ceiling", "torch", "torch-fused" or "naive", reading the files of config.data (a folder).
 RunResult run_reference(const std::string& name, const BenchConfig& config);
 
 // Progress on a terminal: images done, images/s, ETA.

@@ -1,23 +1,32 @@
 // conveyor-bench: Conveyor's throughput on an image dataset, with reference runs in the same
 // process on the same files and threads, so every figure is a ratio against something real.
 //
-//   conveyor-bench [--data DIR | --dataset photos|mixed | --generate N] [--batch-size 256]
-//                  [--workers W] [--epochs 2]
-//                  [--rounds 3] [--crop 224] [--device cpu|cuda[:i]] [--compare ceiling,...]
-//                  [--on-error raise|skip] [--json FILE]
+//   conveyor-bench [--data SOURCE | --dataset photos|mixed | --generate N] [--batch-size 256]
+//                  [--workers W] [--epochs 2] [--rounds 3] [--crop 224] [--device cpu|cuda[:i]]
+//                  [--compare ceiling,...] [--reference-data NAME=SOURCE ...]
+//                  [--on-error raise|skip] [--json FILE] [--generate-only]
 //
-// Without --data it generates (once, cached) the photo-like default dataset, or with
-// --dataset mixed the same photos with a few percent gray, CMYK, YCCK, progressive and 4:4:4 files.
+// SOURCE is an ImageFolder or WebDataset tar shards (ImageSource::tar_shards: local paths,
+// file:// or http(s):// URLs, brace patterns, comma-separated). Without --data it generates
+// (once, cached) the photo-like default dataset, or with --dataset mixed the same photos with a
+// few percent gray, CMYK, YCCK, progressive and 4:4:4 files. Each --reference-data adds a run
+// "conveyor:NAME", Conveyor with the same options on another source (the same images as shards,
+// over HTTP, or as a folder), in the same rounds as the other references. The references that
+// read files (ceiling, torch, torch-fused, naive) read --data, or, when --data is shards, the
+// first --reference-data that is a folder.
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -34,7 +43,11 @@ namespace {
   if (!error.empty()) std::cerr << "conveyor-bench: " << error << "\n\n";
   std::cerr <<
       R"(usage: conveyor-bench [options]
-  --data DIR          ImageFolder to read (default: the generated photo-like dataset)
+  --data SOURCE       what Conveyor reads (default: the generated photo-like dataset): an
+                      ImageFolder, or WebDataset tar shards (what conveyor-prepare --format wds
+                      writes) when SOURCE ends in .tar, holds {..} braces and .tar, or starts with
+                      http://, https:// or file://; several shard patterns comma-separated, e.g.
+                      http://host:8080/train-{000000..000009}.tar
   --generate N        generate (once, cached) a photo-like dataset of about N images and use it
   --dataset KIND      the generated dataset: photos (default: all baseline 4:2:0 YCbCr) or mixed
                       (ImageNet-like: a few percent each of gray, CMYK, YCCK, progressive, 4:4:4)
@@ -45,9 +58,17 @@ namespace {
                       of the per-round ratios (default 3)
   --crop S            RandomResizedCrop output size (default 224)
   --device D          cpu or cuda[:index] (default: cuda if a GPU is usable, else cpu)
-  --compare LIST      reference runs, comma-separated: ceiling, torch, torch-fused, naive, all
+  --compare LIST      reference runs, comma-separated: ceiling, torch, torch-fused, naive, all;
+                      they read image files from a folder: --data, or when --data is shards, the
+                      first --reference-data whose SOURCE is a folder (required then)
+  --reference-data NAME=SOURCE
+                      (repeatable) one more reference run, "conveyor:NAME": Conveyor itself with
+                      the same options on SOURCE (a folder or shards, as for --data), in the same
+                      rounds as the other references
   --on-error P        raise (default) or skip
   --json FILE         also write the figures as JSON
+  --generate-only     generate the dataset if needed (--generate, --dataset), print its folder on
+                      stdout and exit
 )";
   std::exit(error.empty() ? 0 : 2);
 }
@@ -58,6 +79,7 @@ BenchConfig parse(int argc, char** argv) {
   c.device = cuda_available() ? "cuda" : "cpu";
   size_t generate = 1500;
   bool mixed = false;
+  bool generate_only = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&]() -> std::string {
@@ -74,7 +96,25 @@ BenchConfig parse(int argc, char** argv) {
       usage("");
     else if (a == "--data")
       c.data = value();
-    else if (a == "--generate")
+    else if (a == "--generate-only")
+      generate_only = true;
+    else if (a == "--reference-data") {
+      const std::string v = value();
+      const size_t eq = v.find('=');
+      if (eq == std::string::npos || eq == 0 || eq + 1 == v.size()) {
+        usage("--reference-data takes NAME=SOURCE, got '" + v + "'");
+      }
+      ReferenceData ref{v.substr(0, eq), v.substr(eq + 1)};
+      for (char ch : ref.name) {
+        if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-') {
+          usage("--reference-data NAME '" + ref.name + "': letters, digits, _ and - only");
+        }
+      }
+      for (const auto& other : c.reference_data) {
+        if (other.name == ref.name) usage("--reference-data " + ref.name + " given twice");
+      }
+      c.reference_data.push_back(ref);
+    } else if (a == "--generate")
       generate = number(value());
     else if (a == "--dataset") {
       std::string kind = value();
@@ -114,6 +154,7 @@ BenchConfig parse(int argc, char** argv) {
       usage("unknown option " + a);
     }
   }
+  if (generate_only && !c.data.empty()) usage("--generate-only generates; drop --data");
   if (c.data.empty()) {
     GeneratorOptions g;
     g.classes = 10;
@@ -129,26 +170,78 @@ BenchConfig parse(int argc, char** argv) {
               << (mixed ? " mixed" : "") << " photo-like JPEGs, "
               << d.bytes / std::max<size_t>(1, d.images) / 1000 << " kB average"
               << (d.reused ? "" : " in " + std::to_string(s) + " s") << "\n";
+    if (generate_only) {
+      std::cout << c.data << "\n";
+      std::exit(0);
+    }
+  }
+  if (source_kind(c.data) == SourceKind::kImageFolder) {
+    c.reference_folder = c.data;
+  } else {
+    for (const auto& ref : c.reference_data) {
+      if (source_kind(ref.data) == SourceKind::kImageFolder) {
+        c.reference_folder = ref.data;
+        break;
+      }
+    }
+    if (c.reference_folder.empty() && !c.compare.empty()) {
+      usage("--compare " + c.compare.front() +
+            " reads image files from a folder, but --data is tar shards (" +
+            source_kind_name(source_kind(c.data)) +
+            "): add --reference-data NAME=DIR with an ImageFolder of the same images (e.g. the "
+            "folder conveyor-prepare made the shards from), or drop --compare");
+    }
   }
   return c;
 }
 
-// Reads every image once so that every run, Conveyor's (timed first) and the references', finds
-// the files in the page cache: otherwise the first run after a build pays the disk alone.
+// Reads every image (every local shard) once so that every run, Conveyor's (timed first) and the
+// references', finds the files in the page cache: otherwise the first run after a build pays the
+// disk alone. HTTP shards are left to the server (whose files, on loopback, are local anyway).
 void warm_page_cache(const std::string& data) {
-  auto source = ImageSource::image_folder(data, ImageTransform::train());
   std::vector<uint8_t> bytes;
   uint64_t total = 0;
-  for (const auto& item : source->items()) {
-    try {
-      read_file(item.path, bytes);
-      total += bytes.size();
-    } catch (const std::exception&) {
-      // unreadable files are the runs' business, reported there
+  size_t files = 0;
+  if (source_kind(data) == SourceKind::kImageFolder) {
+    auto source = ImageSource::image_folder(data, ImageTransform::train());
+    for (const auto& item : source->items()) {
+      try {
+        read_file(item.path, bytes);
+        total += bytes.size();
+        ++files;
+      } catch (const std::exception&) {
+        // unreadable files are the runs' business, reported there
+      }
+    }
+    std::cerr << "conveyor-bench: read " << files << " files (" << total / 1000000
+              << " MB) once to warm the page cache\n";
+    return;
+  }
+  size_t remote = 0;
+  bytes.resize(1 << 20);
+  for (const auto& pattern : shard_patterns(data)) {
+    for (std::string shard : expand_shard_braces(pattern)) {
+      if (shard.rfind("http://", 0) == 0 || shard.rfind("https://", 0) == 0) {
+        ++remote;
+        continue;
+      }
+      if (shard.rfind("file://", 0) == 0) {
+        shard.erase(0, 7);
+        if (shard.rfind("localhost/", 0) == 0) shard.erase(0, 9);
+      }
+      std::ifstream in(shard, std::ios::binary);  // unreadable: the runs report it
+      while (in.read(reinterpret_cast<char*>(bytes.data()),
+                     static_cast<std::streamsize>(bytes.size())) ||
+             in.gcount() > 0) {
+        total += static_cast<uint64_t>(in.gcount());
+      }
+      files += in.eof() ? 1 : 0;
     }
   }
-  std::cerr << "conveyor-bench: read " << source->size() << " files (" << total / 1000000
-            << " MB) once to warm the page cache\n";
+  std::cerr << "conveyor-bench: read " << files << " local shards (" << total / 1000000
+            << " MB) once to warm the page cache";
+  if (remote > 0) std::cerr << "; " << remote << " HTTP shards left to the server";
+  std::cerr << "\n";
 }
 
 double median(std::vector<double> v) {
@@ -161,11 +254,17 @@ double median(std::vector<double> v) {
 void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const RunResult& main) {
   std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu  rounds %zu\n",
               c.data.c_str(), c.batch_size, c.workers, c.crop, c.epochs, c.rounds);
+  std::printf("source: %s\n", source_kind_name(source_kind(c.data)).c_str());
+  for (const auto& r : runs) {
+    if (r.name == "conveyor") continue;
+    std::printf("  %-16s reads %s: %s\n", r.name.c_str(),
+                source_kind_name(source_kind(r.data)).c_str(), r.data.c_str());
+  }
   std::printf("mode: %s\n", main.mode.c_str());
-  std::printf("%-14s %12s %10s %8s %8s %16s %18s\n", "run", "images/s", "images", "errors",
+  std::printf("%-18s %12s %10s %8s %8s %16s %18s\n", "run", "images/s", "images", "errors",
               "skipped", "conveyor / run", "(rounds min..max)");
   for (const auto& r : runs) {
-    std::printf("%-14s %12.1f %10llu %8llu %8llu", r.name.c_str(), r.images_per_s,
+    std::printf("%-18s %12.1f %10llu %8llu %8llu", r.name.c_str(), r.images_per_s,
                 static_cast<unsigned long long>(r.images),
                 static_cast<unsigned long long>(r.errors),
                 static_cast<unsigned long long>(r.skipped));
@@ -204,7 +303,13 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
     }
     return o + "\"";
   };
+  auto list = [](const std::vector<double>& v) {
+    std::string o = "[";
+    for (size_t i = 0; i < v.size(); ++i) o += (i ? ", " : "") + std::to_string(v[i]);
+    return o + "]";
+  };
   field("data", str(c.data));
+  field("source", str(source_kind_name(source_kind(c.data))));
   field("device", str(main.device));
   field("mode", str(main.mode));
   field("batch_size", std::to_string(c.batch_size));
@@ -215,6 +320,7 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
   field("images", std::to_string(main.images));
   field("seconds", std::to_string(main.seconds));
   field("images_per_s", std::to_string(main.images_per_s));
+  field("images_per_s_rounds", list(main.round_images_per_s));
   field("errors", std::to_string(main.errors));
   field("skipped", std::to_string(main.skipped));
   field("pinned_bytes", std::to_string(main.pinned_bytes));
@@ -229,7 +335,12 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
     if (r.name == "conveyor") continue;
     std::string key = r.name;
     std::replace(key.begin(), key.end(), '-', '_');
+    std::replace(key.begin(), key.end(), ':', '_');
+    field(key + "_data", str(r.data));
+    field(key + "_source", str(source_kind_name(source_kind(r.data))));
+    field(key + "_images", std::to_string(r.images));
     field(key + "_images_per_s", std::to_string(r.images_per_s));
+    field(key + "_images_per_s_rounds", list(r.round_images_per_s));
     field(key + "_ratio", std::to_string(median(r.ratios)));
     const auto [lo, hi] = std::minmax_element(r.ratios.begin(), r.ratios.end());
     field(key + "_ratio_min", std::to_string(*lo));
@@ -249,20 +360,65 @@ int main(int argc, char** argv) {
   try {
     BenchConfig config = parse(argc, argv);
     config.progress = ::isatty(STDERR_FILENO) != 0;
-    warm_page_cache(config.data);
+    std::vector<std::pair<std::string, std::string>> sources{{"--data", config.data}};
+    for (const auto& ref : config.reference_data) {
+      sources.emplace_back("--reference-data " + ref.name, ref.data);
+    }
+    std::set<std::string> warmed;
+    for (const auto& [option, data] : sources) {
+      try {
+        if (warmed.insert(data).second) warm_page_cache(data);
+      } catch (const std::exception& e) {
+        throw std::runtime_error(option + " " + data + ": " + e.what());
+      }
+    }
+    // A run's errors say which run and which source failed.
+    auto named = [](const std::string& name, const std::string& data, auto run) {
+      try {
+        return run();
+      } catch (const std::exception& e) {
+        throw std::runtime_error(name + " on " + data + ": " + e.what());
+      }
+    };
+    // The references, in table order: Conveyor on each --reference-data, then --compare's runs on
+    // the reference folder.
+    std::vector<std::function<RunResult()>> references;
+    for (const auto& ref : config.reference_data) {
+      BenchConfig c = config;
+      c.data = ref.data;
+      const std::string name = "conveyor:" + ref.name;
+      references.push_back(
+          [=] { return named(name, c.data, [&] { return run_conveyor(c, name); }); });
+    }
+    for (const auto& name : config.compare) {
+      BenchConfig c = config;
+      c.data = config.reference_folder;
+      references.push_back(
+          [=] { return named(name, c.data, [&] { return run_reference(name, c); }); });
+    }
     // Rounds interleave Conveyor and the references so that a slow spell of the machine (shared
     // VMs drift by 15%) hits both sides of a ratio alike.
     std::vector<RunResult> mains;
-    std::vector<std::vector<RunResult>> refs(config.compare.size());
+    std::vector<std::vector<RunResult>> refs(references.size());
     for (size_t round = 0; round < config.rounds; ++round) {
       if (config.rounds > 1) std::cerr << "conveyor-bench: round " << round + 1 << "\n";
-      mains.push_back(run_conveyor(config));
-      if (round == 0) add_gpu_figures(config, mains.back());
-      for (size_t i = 0; i < config.compare.size(); ++i) {
-        refs[i].push_back(run_reference(config.compare[i], config));
+      mains.push_back(named("conveyor", config.data, [&] { return run_conveyor(config); }));
+      if (round == 0) {
+        // The GPU figures (copy stage, overlap) read a folder: --data's, or the reference folder.
+        BenchConfig c = config;
+        c.data = config.reference_folder;
+        if (!c.data.empty()) {
+          add_gpu_figures(c, mains.back());
+        } else if (config.device.rfind("cuda", 0) == 0) {
+          std::cerr << "conveyor-bench: no GPU figures (h2d, overlap): they read a folder; give "
+                       "one with --reference-data NAME=DIR\n";
+        }
       }
+      for (size_t i = 0; i < references.size(); ++i) refs[i].push_back(references[i]());
     }
     auto median_run = [](std::vector<RunResult> all) {
+      std::vector<double> rounds;
+      for (const auto& x : all) rounds.push_back(x.images_per_s);
       std::sort(all.begin(), all.end(), [](const RunResult& a, const RunResult& b) {
         return a.images_per_s < b.images_per_s;
       });
@@ -270,12 +426,13 @@ int main(int argc, char** argv) {
       std::vector<double> rates;
       for (const auto& x : all) rates.push_back(x.images_per_s);
       r.images_per_s = median(rates);
+      r.round_images_per_s = rounds;
       return r;
     };
     RunResult main_run = median_run(mains);
     main_run.extra.insert(mains.front().extra.begin(), mains.front().extra.end());
     std::vector<RunResult> runs{main_run};
-    for (size_t i = 0; i < config.compare.size(); ++i) {
+    for (size_t i = 0; i < references.size(); ++i) {
       RunResult r = median_run(refs[i]);
       for (size_t k = 0; k < config.rounds; ++k) {
         r.ratios.push_back(

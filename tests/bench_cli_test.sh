@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # conveyor-bench as a user runs it: generates its dataset, prints a throughput, writes the JSON
-# fields it promises, says when there is no GPU, and applies --on-error to a bad file.
+# fields it promises, says when there is no GPU, applies --on-error to a bad file, and reads tar
+# shards (made by conveyor-prepare, found beside the bench: build/tools/) with a folder reference.
 set -euo pipefail
 bench="$1"
 tmp=$(mktemp -d)
@@ -31,4 +32,31 @@ grep -q "truncated.jpg" "$tmp/stderr" || fail "error does not name the file: $(c
 "$bench" --data "$tmp/bad" --batch-size 2 --workers 2 --epochs 1 --on-error skip \
   --json "$tmp/skip.json" >"$tmp/stdout" 2>"$tmp/stderr" || fail "--on-error skip failed: $(cat "$tmp/stderr")"
 grep -q '"skipped": 1,' "$tmp/skip.json" || fail "skip not counted: $(cat "$tmp/skip.json")"
+
+# Tar shards as --data, the folder they were made from as --reference-data: the table and the JSON
+# name each run's source, and the ceiling reads the folder.
+prepare="$(dirname "$bench")/../tools/conveyor-prepare"
+[ -x "$prepare" ] || fail "no conveyor-prepare at $prepare (it is built beside conveyor-bench)"
+folder=$(dirname "$(ls -d "$tmp"/cache/datasets/*/class_000)")
+"$prepare" "$folder" "$tmp/wds/train" --format wds --shard-size 500K >/dev/null 2>"$tmp/stderr" ||
+  fail "conveyor-prepare failed: $(cat "$tmp/stderr")"
+shards=$(ls "$tmp"/wds/train-*.tar | wc -l)
+[ "$shards" -ge 2 ] || fail "expected several shards, got $shards"
+pattern="$tmp/wds/train-{000000..$(printf '%06d' $((shards - 1)))}.tar"
+if "$bench" --data "$pattern" --compare ceiling --epochs 1 >"$tmp/stdout" 2>"$tmp/stderr"; then
+  fail "--compare ceiling on shards without a folder --reference-data exited 0"
+fi
+grep -q -- "--reference-data" "$tmp/stderr" || fail "no hint at --reference-data: $(cat "$tmp/stderr")"
+"$bench" --data "$pattern" --reference-data "folder=$folder" --compare ceiling --batch-size 8 \
+  --workers 2 --epochs 1 --rounds 1 --json "$tmp/shards.json" >"$tmp/stdout" 2>"$tmp/stderr" ||
+  fail "bench on shards failed: $(cat "$tmp/stderr")"
+grep -q "^source: tar_shards (local)" "$tmp/stdout" || fail "table does not name the source: $(cat "$tmp/stdout")"
+grep -q "conveyor:folder .*reads image_folder: $folder" "$tmp/stdout" ||
+  fail "table does not name the reference's source: $(cat "$tmp/stdout")"
+grep -Eq "^conveyor:folder +[0-9.]+ +20 " "$tmp/stdout" || fail "no conveyor:folder row: $(cat "$tmp/stdout")"
+for expect in '"source": "tar_shards (local)"' '"images": 20,' '"conveyor_folder_source": "image_folder"' \
+  "\"conveyor_folder_data\": \"$folder\"" '"conveyor_folder_images": 20,' "\"ceiling_data\": \"$folder\"" \
+  '"conveyor_folder_ratio"' '"conveyor_folder_images_per_s_rounds": ['; do
+  grep -qF "$expect" "$tmp/shards.json" || fail "JSON lacks $expect: $(cat "$tmp/shards.json")"
+done
 echo "conveyor-bench CLI: all checks passed"
