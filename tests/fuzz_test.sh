@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The libFuzzer JPEG target for a bounded time (issue 10): configures a separate clang build
-# (-DCONVEYOR_FUZZ=ON: ASan + UBSan, nothing else built), builds conveyor-jpeg-fuzz, writes its
-# seed corpus and fuzzes for $FUZZ_SECONDS (default 60). Fails on any finding (crash, sanitizer
-# report, leak, timeout, out-of-memory) and prints the reproducer's path.
-# Usage: fuzz_test.sh SOURCE_DIR FUZZ_BUILD_DIR
+# A libFuzzer target for a bounded time: configures a separate clang build (-DCONVEYOR_FUZZ=ON:
+# ASan + UBSan, nothing else built), builds TARGET (default conveyor-jpeg-fuzz, issue 10; or
+# conveyor-shard-fuzz, issue 13), writes its seed corpus and fuzzes for $FUZZ_SECONDS (default
+# 60). Fails on any finding (crash, sanitizer report, leak, timeout, out-of-memory) and prints the
+# reproducer's path.
+# Usage: fuzz_test.sh SOURCE_DIR FUZZ_BUILD_DIR [TARGET]
 set -euo pipefail
 src=$(cd "$1" && pwd)
 build=$2
+target=${3:-conveyor-jpeg-fuzz}
 seconds=${FUZZ_SECONDS:-60}
 mkdir -p "$build"
 build=$(cd "$build" && pwd)
@@ -14,12 +16,12 @@ build=$(cd "$build" && pwd)
 cd "$src"
 BUILD_DIR="$build" scripts/configure -DCONVEYOR_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ \
   -DCMAKE_C_COMPILER=clang
-cmake --build "$build" --target conveyor-jpeg-fuzz -j "$(nproc)" >"$build/fuzz-build.log" 2>&1 ||
-  { cat "$build/fuzz-build.log"; exit 1; }
-fuzzer="$build/tests/fuzz/conveyor-jpeg-fuzz"
+cmake --build "$build" --target "$target" -j "$(nproc)" >"$build/$target-build.log" 2>&1 ||
+  { cat "$build/$target-build.log"; exit 1; }
+fuzzer="$build/tests/fuzz/$target"
 
 # A fresh corpus every run: the seeds only, so that the run is repeatable.
-run="$build/ctest-run"
+run="$build/ctest-run-$target"
 rm -rf "$run"
 mkdir -p "$run/corpus" "$run/artifacts"
 "$fuzzer" --write-seeds "$run/corpus"

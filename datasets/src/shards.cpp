@@ -25,6 +25,10 @@
 
 namespace conveyor {
 
+namespace {
+constexpr uint64_t kMaxMemberBytes = uint64_t{1} << 28;  // a .jpg member larger is refused
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
 // Brace notation
 
@@ -245,6 +249,11 @@ class JsonReader {
   }
 
   void skip_value() {
+    if (++depth_ > kMaxDepth) fail("values nested too deep");
+    skip_value_at_depth();
+    --depth_;
+  }
+  void skip_value_at_depth() {
     const char c = peek();
     if (c == '"') {
       string();
@@ -323,9 +332,11 @@ class JsonReader {
     }
   }
 
+  static constexpr int kMaxDepth = 64;
   std::string text_;
   std::string file_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 struct IndexSample {
@@ -750,6 +761,11 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
     const auto samples = index.samples.find(name);
     if (samples == index.samples.end()) continue;  // a shard may hold no sample
     for (const IndexSample& s : samples->second) {
+      if (s.size > kMaxMemberBytes) {
+        throw std::runtime_error("tar_shards: index " + index_location[i] + ": sample " + s.key +
+                                 ".jpg is " + std::to_string(s.size) +
+                                 " bytes, more than any JPEG this loader reads");
+      }
       if (s.size == 0 || s.offset > indexed_bytes || s.size > indexed_bytes - s.offset) {
         throw std::runtime_error("tar_shards: index " + index_location[i] + ": sample " + s.key +
                                  ".jpg lies outside shard " + where);

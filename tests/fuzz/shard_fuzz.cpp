@@ -1,0 +1,186 @@
+// conveyor-shard-fuzz: libFuzzer over what tar_shards parses from disk or a server (issue 13).
+//
+// The first byte of an input chooses what the rest is:
+//   even: an index (PREFIX.index.json) for a fixed, valid shard of two samples. When
+//         ImageSource::tar_shards accepts it (random-access mode), every sample is written once,
+//         so that the offsets and sizes the index claims are exercised by the reads.
+//   odd:  a tar shard without an index: the header-counting pass and the streaming reader
+//         (libarchive, the key/extension rule, the .cls labels) run over it, and every position
+//         of the stream is written once.
+// std::exception from construction or from a sample is an expected outcome (a clear error); a
+// crash, a sanitizer report, a leak, a hang or an out-of-memory is a finding.
+//
+// `conveyor-shard-fuzz --write-seeds DIR` writes the seed corpus and exits.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "conveyor/datasets.h"
+#include "conveyor/jpeg.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kMaxSamples = 64;  // samples written per input at most
+
+void append_tar_member(std::vector<uint8_t>& tar, const std::string& name,
+                       const std::vector<uint8_t>& data) {
+  std::vector<uint8_t> header(512, 0);
+  std::memcpy(header.data(), name.data(), std::min<size_t>(name.size(), 99));
+  std::snprintf(reinterpret_cast<char*>(&header[100]), 8, "%07o", 0644);
+  std::snprintf(reinterpret_cast<char*>(&header[108]), 8, "%07o", 0);
+  std::snprintf(reinterpret_cast<char*>(&header[116]), 8, "%07o", 0);
+  std::snprintf(reinterpret_cast<char*>(&header[124]), 12, "%011llo",
+                static_cast<unsigned long long>(data.size()));
+  std::snprintf(reinterpret_cast<char*>(&header[136]), 12, "%011o", 0);
+  header[156] = '0';
+  std::memcpy(&header[257], "ustar", 6);
+  header[263] = '0';
+  header[264] = '0';
+  std::memset(&header[148], ' ', 8);
+  unsigned sum = 0;
+  for (uint8_t b : header) sum += b;
+  std::snprintf(reinterpret_cast<char*>(&header[148]), 8, "%06o", sum);
+  header[155] = ' ';
+  tar.insert(tar.end(), header.begin(), header.end());
+  tar.insert(tar.end(), data.begin(), data.end());
+  tar.resize((tar.size() + 511) / 512 * 512, 0);
+}
+
+std::vector<uint8_t> small_jpeg(int seed) {
+  std::vector<uint8_t> rgb(16 * 12 * 3);
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>(i * 7 + seed * 31);
+  return conveyor::encode_jpeg(rgb.data(), 16, 12, 80);
+}
+
+// A valid shard of two samples, and the index conveyor-prepare would write for it.
+struct Fixture {
+  std::vector<uint8_t> tar;
+  std::string index;
+  Fixture() {
+    std::string samples;
+    for (int i = 0; i < 2; ++i) {
+      const std::string key = "0000000" + std::to_string(i);
+      const uint64_t offset = tar.size() + 512;
+      const std::vector<uint8_t> jpeg = small_jpeg(i);
+      append_tar_member(tar, key + ".jpg", jpeg);
+      append_tar_member(tar, key + ".cls", {static_cast<uint8_t>('0' + i)});
+      samples += std::string(i ? ",\n" : "") + "{\"shard\": \"f-000000.tar\", \"key\": \"" + key +
+                 "\", \"offset\": " + std::to_string(offset) +
+                 ", \"size\": " + std::to_string(jpeg.size()) +
+                 ", \"label\": " + std::to_string(i) + "}";
+    }
+    tar.resize(tar.size() + 1024, 0);
+    index =
+        "{\"format\": \"conveyor-wds-index\", \"version\": 1, \"classes\": [\"a\", \"b\"],\n"
+        "\"shards\": [{\"file\": \"f-000000.tar\", \"bytes\": " +
+        std::to_string(tar.size()) + ", \"samples\": 2}],\n\"samples\": [\n" + samples + "\n]}\n";
+  }
+};
+
+const Fixture& fixture() {
+  static const Fixture f;
+  return f;
+}
+
+// A folder of this process's own, removed at exit.
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    char name[] = "/tmp/conveyor-shard-fuzz-XXXXXX";
+    if (::mkdtemp(name) == nullptr) std::abort();
+    dir = name;
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+const fs::path& scratch() {
+  static const Scratch s;
+  return s.dir;
+}
+
+void write(const fs::path& path, const uint8_t* data, size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+}
+
+void write_every_sample(conveyor::ImageSource& source) {
+  source.prepare(1);
+  const auto fields = source.fields();
+  std::vector<std::byte> image(fields[0].sample_bytes());
+  int64_t label = 0;
+  std::byte* rows[2] = {image.data(), reinterpret_cast<std::byte*>(&label)};
+  const size_t n = std::min(source.size(), kMaxSamples);
+  for (size_t i = 0; i < n; ++i) {
+    try {
+      source.write_sample({0, i, 1, 0}, rows);
+    } catch (const std::exception&) {
+    }
+    (void)source.describe(i);
+  }
+}
+
+conveyor::ImageTransform small() {
+  conveyor::ImageTransform t = conveyor::ImageTransform::eval(8, 10);
+  t.limits.max_pixels = 1 << 20;
+  return t;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const fs::path& dir = scratch();
+  const bool streamed = (data[0] & 1) != 0;
+  fs::remove(dir / "f.index.json");
+  try {
+    conveyor::ShardOptions options;
+    options.shuffle_buffer = 4;
+    options.stream_window = 8;
+    options.stream_lookahead = 4;
+    if (streamed) {
+      write(dir / "f-000000.tar", data + 1, size - 1);
+    } else {
+      const Fixture& f = fixture();
+      write(dir / "f-000000.tar", f.tar.data(), f.tar.size());
+      write(dir / "f.index.json", data + 1, size - 1);
+    }
+    auto source =
+        conveyor::ImageSource::tar_shards({(dir / "f-000000.tar").string()}, small(), options);
+    write_every_sample(*source);
+  } catch (const std::exception&) {
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  for (int i = 1; i + 1 < *argc; ++i) {
+    if (std::strcmp((*argv)[i], "--write-seeds") == 0) {
+      const fs::path out = (*argv)[i + 1];
+      fs::create_directories(out);
+      const Fixture& f = fixture();
+      std::vector<uint8_t> index(1, 0);
+      index.insert(index.end(), f.index.begin(), f.index.end());
+      write(out / "index", index.data(), index.size());
+      std::vector<uint8_t> tar(1, 1);
+      tar.insert(tar.end(), f.tar.begin(), f.tar.end());
+      write(out / "tar", tar.data(), tar.size());
+      std::exit(0);
+    }
+  }
+  return 0;
+}
