@@ -108,22 +108,28 @@ std::string source_kind_name(SourceKind kind) {
   return "unknown";
 }
 
-std::unique_ptr<ImageSource> open_source(const std::string& data, ImageTransform transform) {
+std::unique_ptr<ImageSource> open_source(const std::string& data, ImageTransform transform,
+                                         bool streaming) {
   if (source_kind(data) == SourceKind::kImageFolder) {
     return ImageSource::image_folder(data, transform);
   }
-  return ImageSource::tar_shards(shard_patterns(data), transform);
+  ShardOptions options;
+  options.streaming = streaming;
+  return ImageSource::tar_shards(shard_patterns(data), transform, options);
 }
 
 RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   ImageTransform transform = ImageTransform::train(config.crop);
-  std::shared_ptr<ImageSource> source = open_source(config.data, transform);
+  std::shared_ptr<ImageSource> source = open_source(config.data, transform, config.streaming);
   LoaderOptions o;
   o.batch_size = config.batch_size;
   o.workers = config.workers;
   o.device = parse_device(config.device);
   o.on_error = config.skip ? ErrorPolicy::kSkip : ErrorPolicy::kRaise;
-  DataLoader loader(source, o, RandomSampler::make(0));
+  // A streamed source brings its own order (the shard shuffle and the shuffle buffer): it is read
+  // in sequence.
+  const bool streamed = config.streaming && source_kind(config.data) != SourceKind::kImageFolder;
+  DataLoader loader(source, o, streamed ? SequentialSampler::make() : RandomSampler::make(0));
   RunResult r;
   r.name = name;
   r.data = config.data;

@@ -26,7 +26,8 @@ SourceKind source_kind(const std::string& data);
 // "image_folder", "tar_shards (local)", "tar_shards (http)" or "tar_shards (local+http)".
 std::string source_kind_name(SourceKind kind);
 // ImageSource::image_folder or ImageSource::tar_shards, as `data` says.
-std::unique_ptr<ImageSource> open_source(const std::string& data, ImageTransform transform);
+std::unique_ptr<ImageSource> open_source(const std::string& data, ImageTransform transform,
+                                         bool streaming = false);
 
 // --reference-data NAME=SOURCE: Conveyor itself, same options, on another source.
 struct ReferenceData {
@@ -48,6 +49,9 @@ struct BenchConfig {
   std::string device;  // "cpu", "cuda", "cuda:1"
   std::vector<std::string> compare;
   bool skip = false;
+  // Tar shards in streaming mode (whole shards in order, a shuffle buffer of 1000) instead of
+  // random access through the index.
+  bool streaming = false;
   std::string json;
   bool progress = false;
 };

@@ -66,6 +66,8 @@ namespace {
                       the same options on SOURCE (a folder or shards, as for --data), in the same
                       rounds as the other references
   --on-error P        raise (default) or skip
+  --streaming         read tar shards in streaming mode (whole shards in order through a shuffle
+                      buffer of 1000) instead of at random through their index
   --json FILE         also write the figures as JSON
   --generate-only     generate the dataset if needed (--generate, --dataset), print its folder on
                       stdout and exit
@@ -134,6 +136,8 @@ BenchConfig parse(int argc, char** argv) {
       c.device = value();
     else if (a == "--json")
       c.json = value();
+    else if (a == "--streaming")
+      c.streaming = true;
     else if (a == "--on-error") {
       std::string p = value();
       if (p != "raise" && p != "skip") usage("--on-error takes raise or skip");
@@ -254,7 +258,8 @@ double median(std::vector<double> v) {
 void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const RunResult& main) {
   std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu  rounds %zu\n",
               c.data.c_str(), c.batch_size, c.workers, c.crop, c.epochs, c.rounds);
-  std::printf("source: %s\n", source_kind_name(source_kind(c.data)).c_str());
+  std::printf("source: %s%s\n", source_kind_name(source_kind(c.data)).c_str(),
+              c.streaming ? ", shards streamed" : "");
   for (const auto& r : runs) {
     if (r.name == "conveyor") continue;
     std::printf("  %-16s reads %s: %s\n", r.name.c_str(),
@@ -310,6 +315,7 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
   };
   field("data", str(c.data));
   field("source", str(source_kind_name(source_kind(c.data))));
+  field("streaming", c.streaming ? "true" : "false");
   field("device", str(main.device));
   field("mode", str(main.mode));
   field("batch_size", std::to_string(c.batch_size));

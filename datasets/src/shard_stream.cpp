@@ -26,6 +26,7 @@ namespace {
 constexpr uint64_t kChunkBytes = 4u << 20;             // one HTTP Range request of a streamed shard
 constexpr int64_t kMaxMemberBytes = int64_t{1} << 28;  // a .jpg member larger is refused
 constexpr size_t kSpareBuffers = 64;
+constexpr size_t kInitialBuffer = 100;  // samples in the shuffle buffer before the first comes out
 
 struct ArchiveFree {
   void operator()(archive* a) const { archive_read_free(a); }
@@ -315,18 +316,24 @@ void ShardStream::run(uint64_t generation, Key key) {
   buffer.reserve(std::min<size_t>(capacity, 1 << 16));
   SampleRng draws(key.seed ^ 0x4255464645ull /* "BUFFE" */, key.epoch, options_.rank);
   bool stop = false;
+  // As WebDataset's shuffle: output starts once `initial` samples are in; the buffer then grows
+  // to `capacity`, two samples in for one out, and stays full, one in for one out.
+  const size_t initial = std::min<size_t>(capacity, kInitialBuffer);
+  size_t in_since_out = 0;
   const std::function<void(Entry &&)> push = [&](Entry&& entry) {
     if (capacity <= 1) {
       stop = !emit(generation, std::move(entry));
       return;
     }
-    if (buffer.size() < capacity) {
-      buffer.push_back(std::move(entry));
-      return;
-    }
-    const size_t j = static_cast<size_t>(draws.next() % capacity);
+    buffer.push_back(std::move(entry));
+    ++in_since_out;
+    if (buffer.size() < initial) return;
+    if (buffer.size() < capacity && in_since_out < 2) return;
+    in_since_out = 0;
+    const size_t j = static_cast<size_t>(draws.next() % buffer.size());
     Entry out = std::move(buffer[j]);
-    buffer[j] = std::move(entry);
+    buffer[j] = std::move(buffer.back());
+    buffer.pop_back();
     stop = !emit(generation, std::move(out));
   };
   std::string errors;

@@ -6,9 +6,10 @@
 //
 // The order is a pure function of (seed, epoch) and the shards' contents:
 //   1. the shards are permuted by (seed, epoch); rank r takes permuted shards r, r + W, r + 2W...;
-//   2. the rank's samples, in shard order and tar order, pass through a buffer of B samples: once
-//      it is full, each new sample takes the place of one drawn at random (SampleRng of
-//      (seed, epoch, rank)), which comes out; at the end the rest come out in random order.
+//   2. the rank's samples, in shard order and tar order, pass through a buffer of up to B
+//      samples (as WebDataset's shuffle): output starts once 100 are in, the buffer grows two in
+//      for one out until it holds B, then one in for one out; each sample out is drawn at random
+//      (SampleRng of (seed, epoch, rank)); at the end the rest come out in random order.
 // Every rank has the same number of positions (positions()), at most what any rank can hold in
 // any epoch, so that every rank yields the same number of batches.
 //

@@ -157,9 +157,10 @@ struct ShardOptions {
   // Chosen when `streaming` is true, or when a shard has no index. The order is a pure function
   // of (the loader's seed, epoch): the shards are permuted per epoch and split over the ranks
   // (rank r takes every world_size-th), then the rank's samples pass through a shuffle buffer of
-  // `shuffle_buffer` samples (1: the shards' own order). One reader thread per source reads the
-  // shards; the loader's workers decode. Read it with the loader's default sequential sampler
-  // (the order comes from the stream); every rank has the same number of samples per epoch.
+  // up to `shuffle_buffer` samples (1: the shards' own order; as WebDataset's shuffle, output
+  // starts once 100 are in, and the buffer fills two in for one out). One reader thread per source
+  // reads the shards; the loader's workers decode. Read it with the loader's default sequential
+  // sampler (the order comes from the stream); every rank has the same number of samples per epoch.
   bool streaming = false;
   size_t shuffle_buffer = 1000;
   size_t rank = 0;  // this process's rank, and the ranks that share the shards (streaming)
