@@ -112,39 +112,12 @@ TEST(HttpShards, ResumeMidEpoch) {
   Served s;
   auto folder =
       std::shared_ptr<ImageSource>(ImageSource::image_folder(s.prepared.folder, small_train()));
-  const Epoch whole = read_epoch(folder, RandomSampler::make(3), 1);
-  LoaderOptions options;
-  options.batch_size = 5;
-  options.workers = 2;
-  options.seed = 7;
-  std::string checkpoint;
-  {
-    auto http = std::shared_ptr<ImageSource>(ImageSource::tar_shards({s.pattern}, small_train()));
-    DataLoader first(http, options, RandomSampler::make(3));
-    first.set_epoch(1);
-    auto it = first.begin();
-    ++it;  // 2 batches received
-    torch::serialize::OutputArchive archive;
-    first.save(archive);
-    std::ostringstream out;
-    archive.save_to(out);
-    checkpoint = out.str();
-  }
-  auto http = std::shared_ptr<ImageSource>(ImageSource::tar_shards({s.pattern}, small_train()));
-  DataLoader resumed(http, options, RandomSampler::make(3));
-  torch::serialize::InputArchive archive;
-  std::istringstream in(checkpoint);
-  archive.load_from(in);
-  resumed.load(archive);
-  size_t b = 2;
-  for (Batch& batch : resumed) {
-    ASSERT_LT(b, whole.indices.size());
-    EXPECT_EQ(batch.indices, whole.indices[b]) << b;
-    EXPECT_TRUE(at::equal(batch.images(), whole.images[b])) << b;
-    EXPECT_TRUE(at::equal(batch.labels(), whole.labels[b])) << b;
-    ++b;
-  }
-  EXPECT_EQ(b, whole.indices.size());
+  auto http = [&] {
+    return std::shared_ptr<ImageSource>(ImageSource::tar_shards({s.pattern}, small_train()));
+  };
+  DataLoader first(http(), small_batches(), RandomSampler::make(3));
+  DataLoader resumed(http(), small_batches(), RandomSampler::make(3));
+  expect_resumes_exactly(first, resumed, read_epoch(folder, RandomSampler::make(3), 1), 1);
 }
 
 // The server is killed after the first batch and comes back 400 ms later: the reads in between
@@ -171,9 +144,7 @@ TEST(HttpShards, AServerStoppedMidEpochAndRestartedCostsRetriesNotTheRun) {
     std::future<void> restart;
     std::chrono::steady_clock::time_point restarted;
     for (Batch& batch : loader) {
-      got.indices.push_back(batch.indices);
-      got.labels.push_back(batch.labels().clone());
-      got.images.push_back(batch.images().clone());
+      keep(got, batch);
       if (got.indices.size() == 1) {
         s.server->stop();
         restart = std::async(std::launch::async, [&] {

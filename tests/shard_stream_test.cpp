@@ -58,21 +58,10 @@ std::vector<Sample> samples_of(const Epoch& e) {
 
 std::multiset<Sample> as_set(const std::vector<Sample>& v) { return {v.begin(), v.end()}; }
 
+// An epoch in the stream's own order (the loader's default sequential sampler).
 Epoch read_stream(std::shared_ptr<SampleSource> source, uint64_t epoch = 0, size_t workers = 2,
                   uint64_t seed = 7) {
-  LoaderOptions options;
-  options.batch_size = 5;
-  options.workers = workers;
-  options.seed = seed;
-  DataLoader loader(std::move(source), options);  // the sequential sampler: the stream's order
-  loader.set_epoch(epoch);
-  Epoch e;
-  for (Batch& batch : loader) {
-    e.indices.push_back(batch.indices);
-    e.labels.push_back(batch.labels().clone());
-    e.images.push_back(batch.images().clone());
-  }
-  return e;
+  return read_epoch(std::move(source), SequentialSampler::make(), epoch, workers, seed);
 }
 
 ShardOptions streamed(size_t buffer = 8) {
@@ -164,51 +153,14 @@ TEST(ShardStream, RanksSplitTheShardsAndYieldEqualBatches) {
 TEST(ShardStream, ResumeMidEpochIsBitExact) {
   Prepared p;
   ASSERT_EQ(p.result.status, 0) << p.result.err;
-  const ImageTransform train = small_train();  // random crops: positions must match exactly
-  auto make = [&] {
+  auto make = [&] {  // random crops: positions must match exactly
     return std::shared_ptr<ImageSource>(
-        ImageSource::tar_shards(p.shard_paths(), train, streamed()));
+        ImageSource::tar_shards(p.shard_paths(), small_train(), streamed()));
   };
-  LoaderOptions options;
-  options.batch_size = 5;
-  options.workers = 2;
-  options.seed = 7;
-  Epoch whole;
-  {
-    DataLoader loader(make(), options);
-    loader.set_epoch(1);
-    for (Batch& batch : loader) {
-      whole.indices.push_back(batch.indices);
-      whole.images.push_back(batch.images().clone());
-      whole.labels.push_back(batch.labels().clone());
-    }
-  }
-  std::string checkpoint;
-  {
-    DataLoader first(make(), options);
-    first.set_epoch(1);
-    auto it = first.begin();
-    ++it;  // 2 batches received
-    torch::serialize::OutputArchive archive;
-    first.save(archive);
-    std::ostringstream out;
-    archive.save_to(out);
-    checkpoint = out.str();
-  }
-  DataLoader resumed(make(), options);
-  torch::serialize::InputArchive archive;
-  std::istringstream in(checkpoint);
-  archive.load_from(in);
-  resumed.load(archive);
-  size_t b = 2;
-  for (Batch& batch : resumed) {
-    ASSERT_LT(b, whole.indices.size());
-    EXPECT_EQ(batch.indices, whole.indices[b]) << b;
-    EXPECT_TRUE(at::equal(batch.images(), whole.images[b])) << b;
-    EXPECT_TRUE(at::equal(batch.labels(), whole.labels[b])) << b;
-    ++b;
-  }
-  EXPECT_EQ(b, whole.indices.size());
+  const Epoch whole = read_stream(make(), 1);
+  DataLoader first(make(), small_batches());
+  DataLoader resumed(make(), small_batches());
+  expect_resumes_exactly(first, resumed, whole, 1);
 }
 
 TEST(ShardStream, OverHttpAsFromDisk) {
@@ -298,9 +250,7 @@ TEST(ShardStream, ATruncatedShardAndACorruptMemberGoThroughTheErrorPolicy) {
     std::set<Sample> seen;
     for (Batch& batch : loader) {
       Epoch one;
-      one.indices.push_back(batch.indices);
-      one.images.push_back(batch.images().clone());
-      one.labels.push_back(batch.labels().clone());
+      keep(one, batch);
       for (auto& s : samples_of(one)) seen.insert(s);
     }
     EXPECT_EQ(seen.size(), 21u - lost - 1) << "every readable sample arrives";

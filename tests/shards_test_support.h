@@ -12,10 +12,13 @@
 #include <iterator>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include <torch/serialize.h>
 
 #include "conveyor/loader.h"
 #include "test_support.h"
@@ -65,21 +68,59 @@ struct Epoch {
   std::vector<at::Tensor> images;
 };
 
-inline Epoch read_epoch(std::shared_ptr<SampleSource> source, std::unique_ptr<Sampler> sampler,
-                        uint64_t epoch = 0, size_t workers = 2) {
+// Appends one batch to an epoch.
+inline void keep(Epoch& e, Batch& batch) {
+  e.indices.push_back(batch.indices);
+  e.labels.push_back(batch.labels().clone());
+  e.images.push_back(batch.images().clone());
+}
+
+// The options every shard test reads with: batches of 5, seed 7.
+inline LoaderOptions small_batches(size_t workers = 2, uint64_t seed = 7) {
   LoaderOptions options;
   options.batch_size = 5;
   options.workers = workers;
-  options.seed = 7;
-  DataLoader loader(std::move(source), options, std::move(sampler));
+  options.seed = seed;
+  return options;
+}
+
+inline Epoch read_epoch(std::shared_ptr<SampleSource> source, std::unique_ptr<Sampler> sampler,
+                        uint64_t epoch = 0, size_t workers = 2, uint64_t seed = 7) {
+  DataLoader loader(std::move(source), small_batches(workers, seed), std::move(sampler));
   loader.set_epoch(epoch);
   Epoch e;
-  for (Batch& batch : loader) {
-    e.indices.push_back(batch.indices);
-    e.labels.push_back(batch.labels().clone());
-    e.images.push_back(batch.images().clone());
-  }
+  for (Batch& batch : loader) keep(e, batch);
   return e;
+}
+
+// Resumes in the middle of `epoch`: `first` is saved after receiving two batches, the checkpoint
+// is loaded into `resumed`, which must then give batches 2.. of `whole` exactly.
+inline void expect_resumes_exactly(DataLoader& first, DataLoader& resumed, const Epoch& whole,
+                                   uint64_t epoch) {
+  first.set_epoch(epoch);
+  std::string checkpoint;
+  {
+    auto it = first.begin();
+    ++it;  // 2 batches received
+    torch::serialize::OutputArchive archive;
+    first.save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    checkpoint = out.str();
+  }
+  torch::serialize::InputArchive archive;
+  std::istringstream in(checkpoint);
+  archive.load_from(in);
+  resumed.load(archive);
+  size_t b = 2;
+  for (Batch& batch : resumed) {
+    ASSERT_LT(b, whole.indices.size());
+    EXPECT_EQ(batch.indices, whole.indices[b]) << b;
+    EXPECT_TRUE(at::equal(batch.images(), whole.images[b])) << b;
+    EXPECT_TRUE(at::equal(batch.labels(), whole.labels[b])) << b;
+    ++b;
+  }
+  EXPECT_EQ(b, whole.indices.size());
 }
 
 inline void expect_same(const Epoch& a, const Epoch& b) {

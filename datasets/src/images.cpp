@@ -18,6 +18,7 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/random.h"
+#include "file_descriptor.h"
 #include "shard_stream.h"
 #include "shards.h"
 
@@ -250,19 +251,7 @@ void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& 
 // Files
 
 namespace {
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
+using detail::FileDescriptor;
 
 [[noreturn]] void file_error(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "conveyor/random.h"
+#include "file_descriptor.h"
 #include "http.h"
 
 namespace conveyor {
@@ -32,20 +33,6 @@ struct ArchiveFree {
   void operator()(archive* a) const { archive_read_free(a); }
 };
 using Archive = std::unique_ptr<archive, ArchiveFree>;
-
-class Descriptor {
- public:
-  explicit Descriptor(int fd) : fd_(fd) {}
-  ~Descriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
 
 // A remote shard fed to libarchive in chunks of kChunkBytes; skipped member data is not fetched.
 struct RemoteTar {
@@ -119,7 +106,7 @@ void read_member(archive* a, int64_t size, const std::string& what, std::vector<
 }  // namespace
 
 size_t count_tar_samples(const std::string& path) {
-  Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  FileDescriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     throw std::runtime_error("tar_shards: cannot open shard " + path + ": " + std::strerror(errno));
   }
@@ -345,7 +332,7 @@ void ShardStream::run(uint64_t generation, Key key) {
       const StreamShard& s = shards_[shard];
       try {
         Archive a = new_tar_reader();
-        std::unique_ptr<Descriptor> fd;
+        std::unique_ptr<FileDescriptor> fd;
         RemoteTar remote;
         if (s.remote) {
           if (!http) http = std::make_unique<HttpClient>(options_);
@@ -358,7 +345,7 @@ void ShardStream::run(uint64_t generation, Key key) {
             throw std::runtime_error(s.location + ": " + archive_message(a.get()));
           }
         } else {
-          fd = std::make_unique<Descriptor>(::open(s.location.c_str(), O_RDONLY | O_CLOEXEC));
+          fd = std::make_unique<FileDescriptor>(::open(s.location.c_str(), O_RDONLY | O_CLOEXEC));
           if (fd->get() < 0) {
             throw std::runtime_error("cannot open " + s.location + ": " + std::strerror(errno));
           }

@@ -562,23 +562,6 @@ class ShardReaderOfSet final : public detail::ShardReader {
 
 }  // namespace
 
-namespace detail {
-
-ShardFile::~ShardFile() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-ShardFile& ShardFile::operator=(ShardFile&& other) noexcept {
-  if (this != &other) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = other.fd_;
-    other.fd_ = -1;
-  }
-  return *this;
-}
-
-}  // namespace detail
-
 std::unique_ptr<detail::ShardReader> ImageSource::Shards::open_reader() const {
   return std::make_unique<ShardReaderOfSet>(locations, files, options);
 }

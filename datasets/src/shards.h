@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "conveyor/datasets.h"
+#include "file_descriptor.h"
 
 namespace conveyor {
 namespace detail {
@@ -39,21 +40,7 @@ class ShardReader {
   virtual void will_read(const std::vector<MemberRange>& members) = 0;
 };
 
-// An owned file descriptor, closed on destruction; -1 when none is open.
-class ShardFile {
- public:
-  ShardFile() = default;
-  explicit ShardFile(int fd) : fd_(fd) {}
-  ~ShardFile();
-  ShardFile(ShardFile&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  ShardFile& operator=(ShardFile&& other) noexcept;
-  ShardFile(const ShardFile&) = delete;
-  ShardFile& operator=(const ShardFile&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_ = -1;
-};
+using ShardFile = FileDescriptor;  // a local shard's descriptor; -1 for a remote one
 
 }  // namespace detail
 
