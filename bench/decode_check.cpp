@@ -6,9 +6,11 @@
 //
 // Without --data it checks a generated corpus that covers baseline, progressive and arithmetic
 // coding; 4:4:4, 4:2:2, 4:2:0, 4:4:0 and 4:1:1; gray, RGB, CMYK (with and without the Adobe
-// marker) and YCCK; restart intervals; sizes from 1x1 to 6000 px, odd sizes and extreme aspect
-// ratios; all 8 EXIF orientations. Random boxes and output sizes make the decoders pick every DCT
-// scale they can (1, 2, 4, 8 of 8, and 1..8 with any_scale).
+// marker) and YCCK; restart intervals, including intervals that tile the MCU rows of every shape,
+// so that regions are decoded from the segments that cover them (crop-proportional decoding);
+// sizes from 1x1 to 6000 px, odd sizes and extreme aspect ratios; all 8 EXIF orientations. Random
+// boxes and output sizes make the decoders pick every DCT scale they can (1, 2, 4, 8 of 8, and 1..8
+// with any_scale).
 //
 // Each pair makes two comparisons:
 //   region  JpegDecoder::decode_region (one of four option sets: the loader's RGBX + fast
@@ -203,6 +205,25 @@ std::vector<CorpusFile> generate_corpus() {
           {std::string(s.name) + "-" + c.name + "-" + std::to_string(w) + "x" + std::to_string(h),
            encode_jpeg(rgb.data(), w, h, o)});
       ++n;
+    }
+  }
+  // Restart intervals that tile the MCU rows, so that regions decode from the segments that
+  // cover them (crop-proportional decoding, issue 12): every shape, at widths whose MCUs per row
+  // the intervals divide (512 and 480 px hold 16-64 and 15-60 MCUs), odd heights.
+  for (const Shape& s : shapes) {
+    for (const auto& [w, h, interval] :
+         {std::tuple{512, 383, 2}, std::tuple{480, 271, 4}, std::tuple{96, 1001, 3}}) {
+      EncodeOptions o;
+      o.color = s.color;
+      o.h_samp = s.h;
+      o.v_samp = s.v;
+      o.adobe_marker = s.adobe;
+      o.restart_interval = interval;
+      o.quality = 70 + static_cast<int>(n * 7 % 30);
+      const auto rgb = texture(w, h, n++);
+      files.push_back({std::string(s.name) + "-segments" + std::to_string(interval) + "-" +
+                           std::to_string(w) + "x" + std::to_string(h),
+                       encode_jpeg(rgb.data(), w, h, o)});
     }
   }
   // All 8 EXIF orientations, on 4:2:0 and 4:2:2 files of odd sizes, in both byte orders.

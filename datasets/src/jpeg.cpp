@@ -14,6 +14,8 @@
 #include <jerror.h>
 #include <turbojpeg.h>
 
+#include "jpeg_segments.h"
+
 namespace conveyor {
 namespace {
 
@@ -101,6 +103,13 @@ struct JpegDecoder::State {
   std::vector<uint8_t> buffer;
   std::vector<JSAMPROW> rows;  // pointers into `buffer`, one per decoded row
   bool started = false;        // a header was read and the decompressor is mid-image
+  // The file begin() read, for cutting restart segments out of it (jpeg_segments.h).
+  const uint8_t* file = nullptr;
+  size_t file_size = 0;
+  bool layout_read = false;  // `layout` is this file's (valid only if segmentable)
+  bool segmentable = false;
+  detail::SegmentLayout layout;
+  std::vector<uint8_t> segments;  // the small JPEG of the covering segments
 
   State(DecodeLimits l, DecodeOptions o) : limits(l), options(o) {
     if (options.channels != 3 && options.channels != 4) {
@@ -146,6 +155,13 @@ struct JpegDecoder::State {
   // Reads the header and checks the limits. The libjpeg calls run under setjmp; no object with a
   // destructor lives in this frame across them.
   JpegHeader begin(const uint8_t* data, size_t size) {
+    file = data;
+    file_size = size;
+    layout_read = false;
+    return read_header(data, size);
+  }
+
+  JpegHeader read_header(const uint8_t* data, size_t size) {
     if (started) abort();
     if (size == 0) throw JpegError("JPEG decode failed: empty input");
     if (setjmp(err.jump)) fail();
@@ -259,6 +275,42 @@ struct JpegDecoder::State {
     abort();
   }
 
+  // Where the file's restart intervals tile its MCU rows and the box leaves whole intervals out
+  // (columns beside it, rows above it), replaces the file being decoded with the small JPEG of
+  // the intervals that cover the box (jpeg_segments.h), and moves (x, y) into it. The box keeps
+  // one MCU of margin wherever fancy upsampling filters across an MCU edge, so that its pixels are
+  // exactly those of the whole file's decode; rows below the box are never decoded either way.
+  void cut_to_segments(int& x, int& y, int width, int height) {
+    if (!options.restart_segments || file == nullptr) return;
+    if (!layout_read) {
+      segmentable = detail::read_segment_layout(file, file_size, layout);
+      layout_read = true;
+    }
+    if (!segmentable) return;
+    const detail::SegmentLayout& l = layout;
+    int c0 = x / l.mcu_width, c1 = ceil_div(x + width, l.mcu_width);
+    int r0 = y / l.mcu_height, r1 = ceil_div(y + height, l.mcu_height);
+    if (!options.fast_upsampling) {
+      for (int ci = 0; ci < cinfo.num_components; ++ci) {
+        if (cinfo.comp_info[ci].h_samp_factor != cinfo.max_h_samp_factor) {
+          c0 = std::max(0, x / l.mcu_width - 1);
+          c1 = std::min(l.mcus_per_row, ceil_div(x + width, l.mcu_width) + 1);
+        }
+        if (cinfo.comp_info[ci].v_samp_factor != cinfo.max_v_samp_factor) {
+          r0 = std::max(0, y / l.mcu_height - 1);
+          r1 = std::min(l.mcu_rows, ceil_div(y + height, l.mcu_height) + 1);
+        }
+      }
+    }
+    c0 = c0 / l.interval * l.interval;
+    c1 = std::min(l.mcus_per_row, ceil_div(c1, l.interval) * l.interval);
+    if (c0 == 0 && c1 == l.mcus_per_row && r0 == 0) return;  // nothing to leave out
+    detail::write_segment_jpeg(file, l, c0, c1, r0, r1, segments);
+    read_header(segments.data(), segments.size());
+    x -= c0 * l.mcu_width;
+    y -= r0 * l.mcu_height;
+  }
+
   DecodedImage finish(int x, int y, int width, int height, int min_width, int min_height) {
     const int full_w = static_cast<int>(cinfo.image_width);
     const int full_h = static_cast<int>(cinfo.image_height);
@@ -279,6 +331,7 @@ struct JpegDecoder::State {
     }
     const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
     const bool adobe_inverted = cinfo.saw_Adobe_marker != 0;
+    cut_to_segments(x, y, width, height);
     read_rows(scale, x, y, width, height, cmyk);
     const JDIMENSION crop_w = geometry.crop_w;
     const int rows = geometry.dy1 - geometry.dy0;

@@ -54,6 +54,10 @@ struct DecodeOptions {
   bool any_scale = false;
   // Read the EXIF orientation tag (APP1) into JpegHeader::orientation; otherwise it is 1.
   bool read_orientation = false;
+  // Crop-proportional decoding: in a baseline file whose restart intervals tile its MCU rows
+  // (conveyor-prepare --restart N writes such files), decode only the intervals that cover the
+  // region, so the work follows the region's area. The pixels are the same either way.
+  bool restart_segments = true;
 };
 
 struct JpegHeader {
