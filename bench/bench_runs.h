@@ -38,8 +38,8 @@ struct ReferenceData {
 struct BenchConfig {
   std::string data;  // what Conveyor reads: a folder or tar shards
   std::vector<ReferenceData> reference_data;
-  // The ImageFolder that ceiling, torch, torch-fused and naive read: `data` when it is a folder,
-  // else the first folder among reference_data (empty if none).
+  // The ImageFolder that ceiling, torch, torch-fused and naive read: the first folder among
+  // reference_data, else `data` when it is a folder (empty if neither).
   std::string reference_folder;
   size_t batch_size = 256;
   size_t workers = 1;

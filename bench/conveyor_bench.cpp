@@ -12,8 +12,9 @@
 // few percent gray, CMYK, YCCK, progressive and 4:4:4 files. Each --reference-data adds a run
 // "conveyor:NAME", Conveyor with the same options on another source (the same images as shards,
 // over HTTP, or as a folder), in the same rounds as the other references. The references that
-// read files (ceiling, torch, torch-fused, naive) read --data, or, when --data is shards, the
-// first --reference-data that is a folder.
+// read files (ceiling, torch, torch-fused, naive) read the first --reference-data that is a
+// folder, else --data: so one run compares Conveyor on files prepared with conveyor-prepare
+// --restart against the ceiling on the originals.
 #include <unistd.h>
 
 #include <algorithm>
@@ -59,8 +60,8 @@ namespace {
   --crop S            RandomResizedCrop output size (default 224)
   --device D          cpu or cuda[:index] (default: cuda if a GPU is usable, else cpu)
   --compare LIST      reference runs, comma-separated: ceiling, torch, torch-fused, naive, all;
-                      they read image files from a folder: --data, or when --data is shards, the
-                      first --reference-data whose SOURCE is a folder (required then)
+                      they read image files from a folder: the first --reference-data whose
+                      SOURCE is a folder, else --data (which must then be a folder)
   --reference-data NAME=SOURCE
                       (repeatable) one more reference run, "conveyor:NAME": Conveyor itself with
                       the same options on SOURCE (a folder or shards, as for --data), in the same
@@ -179,22 +180,24 @@ BenchConfig parse(int argc, char** argv) {
       std::exit(0);
     }
   }
-  if (source_kind(c.data) == SourceKind::kImageFolder) {
+  // The references (ceiling, torch, ...) read the first folder among --reference-data, so that
+  // one run can compare Conveyor on prepared files with the ceiling on the originals; without
+  // one, they read --data when it is a folder.
+  for (const auto& ref : c.reference_data) {
+    if (source_kind(ref.data) == SourceKind::kImageFolder) {
+      c.reference_folder = ref.data;
+      break;
+    }
+  }
+  if (c.reference_folder.empty() && source_kind(c.data) == SourceKind::kImageFolder) {
     c.reference_folder = c.data;
-  } else {
-    for (const auto& ref : c.reference_data) {
-      if (source_kind(ref.data) == SourceKind::kImageFolder) {
-        c.reference_folder = ref.data;
-        break;
-      }
-    }
-    if (c.reference_folder.empty() && !c.compare.empty()) {
-      usage("--compare " + c.compare.front() +
-            " reads image files from a folder, but --data is tar shards (" +
-            source_kind_name(source_kind(c.data)) +
-            "): add --reference-data NAME=DIR with an ImageFolder of the same images (e.g. the "
-            "folder conveyor-prepare made the shards from), or drop --compare");
-    }
+  }
+  if (c.reference_folder.empty() && !c.compare.empty()) {
+    usage("--compare " + c.compare.front() +
+          " reads image files from a folder, but --data is tar shards (" +
+          source_kind_name(source_kind(c.data)) +
+          "): add --reference-data NAME=DIR with an ImageFolder of the same images (e.g. the "
+          "folder conveyor-prepare made the shards from), or drop --compare");
   }
   return c;
 }
