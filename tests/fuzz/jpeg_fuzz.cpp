@@ -205,6 +205,10 @@ int write_seeds(const char* dir) {
   add(31, 45, [](auto& o) { o.color = Color::kYcck, o.progressive = true; });
   add(70, 50, [](auto& o) { o.restart_interval = 1; });
   add(70, 50, [](auto& o) { o.restart_interval = 3, o.progressive = true; });
+  // Intervals that tile the MCU rows: regions decode from their covering segments.
+  add(96, 40, [](auto& o) { o.restart_interval = 2; });
+  add(96, 40, [](auto& o) { o.restart_interval = 4, o.color = Color::kGray; });
+  add(64, 33, [](auto& o) { o.restart_interval = 2, o.h_samp = 1, o.v_samp = 1; });
   add(1, 1, [](auto&) {});
   add(200, 3, [](auto& o) { o.progressive = true; });
   add(3, 150, [](auto&) {});
