@@ -115,9 +115,9 @@ TEST(HttpShards, ResumeMidEpoch) {
   auto http = [&] {
     return std::shared_ptr<ImageSource>(ImageSource::tar_shards({s.pattern}, small_train()));
   };
-  DataLoader first(http(), small_batches(), RandomSampler::make(3));
-  DataLoader resumed(http(), small_batches(), RandomSampler::make(3));
-  expect_resumes_exactly(first, resumed, read_epoch(folder, RandomSampler::make(3), 1), 1);
+  expect_resumes_exactly(
+      [&] { return std::make_unique<DataLoader>(http(), small_batches(), RandomSampler::make(3)); },
+      read_epoch(folder, RandomSampler::make(3), 1), 1);
 }
 
 // The server is killed after the first batch and comes back 400 ms later: the reads in between

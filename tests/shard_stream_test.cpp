@@ -158,9 +158,8 @@ TEST(ShardStream, ResumeMidEpochIsBitExact) {
         ImageSource::tar_shards(p.shard_paths(), small_train(), streamed()));
   };
   const Epoch whole = read_stream(make(), 1);
-  DataLoader first(make(), small_batches());
-  DataLoader resumed(make(), small_batches());
-  expect_resumes_exactly(first, resumed, whole, 1);
+  expect_resumes_exactly([&] { return std::make_unique<DataLoader>(make(), small_batches()); },
+                         whole, 1);
 }
 
 TEST(ShardStream, OverHttpAsFromDisk) {

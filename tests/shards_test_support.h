@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <regex>
@@ -93,27 +94,30 @@ inline Epoch read_epoch(std::shared_ptr<SampleSource> source, std::unique_ptr<Sa
   return e;
 }
 
-// Resumes in the middle of `epoch`: `first` is saved after receiving two batches, the checkpoint
-// is loaded into `resumed`, which must then give batches 2.. of `whole` exactly.
-inline void expect_resumes_exactly(DataLoader& first, DataLoader& resumed, const Epoch& whole,
-                                   uint64_t epoch) {
-  first.set_epoch(epoch);
+// Resumes in the middle of `epoch`: a loader from `make_loader` is saved after receiving two
+// batches and destroyed (a source serves one loader at a time), then the checkpoint is loaded into
+// a second one, which must give batches 2.. of `whole` exactly.
+inline void expect_resumes_exactly(const std::function<std::unique_ptr<DataLoader>()>& make_loader,
+                                   const Epoch& whole, uint64_t epoch) {
   std::string checkpoint;
   {
-    auto it = first.begin();
+    auto first = make_loader();
+    first->set_epoch(epoch);
+    auto it = first->begin();
     ++it;  // 2 batches received
     torch::serialize::OutputArchive archive;
-    first.save(archive);
+    first->save(archive);
     std::ostringstream out;
     archive.save_to(out);
     checkpoint = out.str();
   }
+  auto resumed = make_loader();
   torch::serialize::InputArchive archive;
   std::istringstream in(checkpoint);
   archive.load_from(in);
-  resumed.load(archive);
+  resumed->load(archive);
   size_t b = 2;
-  for (Batch& batch : resumed) {
+  for (Batch& batch : *resumed) {
     ASSERT_LT(b, whole.indices.size());
     EXPECT_EQ(batch.indices, whole.indices[b]) << b;
     EXPECT_TRUE(at::equal(batch.images(), whole.images[b])) << b;

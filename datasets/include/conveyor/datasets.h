@@ -9,7 +9,8 @@
 //
 // Requires: write_sample() may be called concurrently from `workers` threads, each passing its
 // own worker number (0 .. workers-1) as given to prepare(); a source keeps per-worker state
-// (decoders, read buffers) indexed by it.
+// (decoders, read buffers) indexed by it. So a source serves one DataLoader at a time: two live
+// loaders on one source would share that state (destroy the first, or give each its own source).
 // Guarantees: write_sample() either fills every byte of the sample's fields or throws; a corrupt,
 // truncated, unsupported or oversized image, or a missing/unreadable file, throws an exception
 // whose message names the file. Augmentation randomness is a pure function of (seed, epoch,
