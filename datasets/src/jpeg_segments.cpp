@@ -14,7 +14,12 @@ unsigned word(const uint8_t* p) { return static_cast<unsigned>(p[0]) << 8 | p[1]
 }  // namespace
 
 bool read_segment_layout(const uint8_t* data, size_t size, SegmentLayout& layout) {
-  layout = SegmentLayout{};
+  // Reset field by field: the vectors keep their capacity from the decoder's last file.
+  layout.sof_offset = layout.sof_end = layout.scan_data = 0;
+  layout.starts.clear();
+  layout.ends.clear();
+  layout.width = layout.height = layout.mcu_width = layout.mcu_height = 0;
+  layout.mcus_per_row = layout.mcu_rows = layout.interval = 0;
   if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return false;
   size_t pos = 2;
   int components = 0;

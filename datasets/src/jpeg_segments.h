@@ -32,7 +32,8 @@ struct SegmentLayout {
   int interval = 0;  // MCUs per restart interval; divides mcus_per_row
 };
 
-// Reads the marker structure and finds every restart interval. False (layout unspecified) when
+// Reads the marker structure and finds every restart interval, reusing `layout`'s vectors (no
+// allocation once they have grown to a file's intervals). False (layout unspecified) when
 // the file is not one that segments can be cut from, or is damaged; the caller then decodes it
 // the usual way, which reports any damage.
 bool read_segment_layout(const uint8_t* data, size_t size, SegmentLayout& layout);
