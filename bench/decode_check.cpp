@@ -63,6 +63,7 @@
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
 #include "jpeg_markers.h"
+#include "jpeg_segments.h"
 
 namespace conveyor::check {
 namespace {
@@ -224,6 +225,12 @@ std::vector<CorpusFile> generate_corpus() {
       files.push_back({std::string(s.name) + "-segments" + std::to_string(interval) + "-" +
                            std::to_string(w) + "x" + std::to_string(h),
                        encode_jpeg(rgb.data(), w, h, o)});
+      // The same with conveyor-prepare's segment index: the intervals come from the index.
+      std::vector<uint8_t> indexed;
+      if (detail::add_segment_index(files.back().bytes.data(), files.back().bytes.size(),
+                                    indexed)) {
+        files.push_back({files.back().name + "-indexed", std::move(indexed)});
+      }
     }
   }
   // All 8 EXIF orientations, on 4:2:0 and 4:2:2 files of odd sizes, in both byte orders.

@@ -177,5 +177,70 @@ TEST(JpegSegments, TheSmallJpegHoldsOnlyTheCoveringIntervals) {
   EXPECT_EQ(corner.height, 383 - 20 * 16);
 }
 
+// The segment index conveyor-prepare stores: the layout read from it is the scan's, shifted by
+// the marker segment, the small JPEGs are byte for byte those of the file without it, and an index
+// that does not match the file (stale, damaged, another version) is ignored for a scan.
+TEST(JpegSegments, TheStoredIndexGivesTheScansLayoutAndADamagedOneIsIgnored) {
+  const auto file = jpeg(512, 383, with_restarts(4));
+  detail::SegmentLayout scanned, indexed;
+  ASSERT_TRUE(detail::read_segment_layout(file.data(), file.size(), scanned));
+  EXPECT_FALSE(scanned.indexed);
+  std::vector<uint8_t> with_index;
+  ASSERT_TRUE(detail::add_segment_index(file.data(), file.size(), with_index));
+  const size_t added = with_index.size() - file.size();
+  EXPECT_EQ(added, 4 + 18 + 1 + 4 + 4 * scanned.ends.size());
+  ASSERT_TRUE(detail::read_segment_layout(with_index.data(), with_index.size(), indexed));
+  EXPECT_TRUE(indexed.indexed);
+  ASSERT_EQ(indexed.ends.size(), scanned.ends.size());
+  for (size_t k = 0; k < scanned.ends.size(); ++k) {
+    ASSERT_EQ(indexed.starts[k], scanned.starts[k] + added) << k;
+    ASSERT_EQ(indexed.ends[k], scanned.ends[k] + added) << k;
+  }
+  EXPECT_FALSE(detail::add_segment_index(with_index.data(), with_index.size(), with_index))
+      << "a file has one index";
+  std::vector<uint8_t> a, b;
+  detail::write_segment_jpeg(file.data(), scanned, 8, 20, 3, 17, a);
+  detail::write_segment_jpeg(with_index.data(), indexed, 8, 20, 3, 17, b);
+  EXPECT_EQ(a, b) << "the small JPEG leaves the index out";
+
+  // Decoding through the index gives the pixels of the plain decode of the original file.
+  DecodeOptions plain_options;
+  plain_options.restart_segments = false;
+  JpegDecoder plain({}, plain_options), cut;
+  const DecodedImage expected =
+      plain.decode_region(file.data(), file.size(), 100, 90, 200, 150, 224, 224);
+  std::vector<uint8_t> want;
+  for (int r = 0; r < expected.height; ++r) {
+    const uint8_t* row = expected.pixels + expected.stride * static_cast<size_t>(r);
+    want.insert(want.end(), row, row + static_cast<size_t>(expected.width * expected.channels));
+  }
+  const DecodedImage got =
+      cut.decode_region(with_index.data(), with_index.size(), 100, 90, 200, 150, 224, 224);
+  ASSERT_EQ(got.width, expected.width);
+  ASSERT_EQ(got.height, expected.height);
+  for (int r = 0; r < got.height; ++r) {
+    ASSERT_EQ(std::memcmp(want.data() + static_cast<size_t>(r * got.width * got.channels),
+                          got.pixels + got.stride * static_cast<size_t>(r),
+                          static_cast<size_t>(got.width * got.channels)),
+              0)
+        << "row " << r;
+  }
+
+  // Damage: every kind falls back to the scan, which finds the same intervals.
+  const size_t body = scanned.sof_offset + 4;  // the index sits where the frame header was
+  auto damaged = [&](size_t offset, uint8_t flip) {
+    std::vector<uint8_t> f = with_index;
+    f[offset] ^= flip;
+    detail::SegmentLayout l;
+    EXPECT_TRUE(detail::read_segment_layout(f.data(), f.size(), l)) << "offset " << offset;
+    EXPECT_FALSE(l.indexed) << "offset " << offset;
+    EXPECT_EQ(l.ends, indexed.ends) << "offset " << offset;
+  };
+  damaged(body + 18, 0x03);               // version 2: not recognised as an index
+  damaged(body + 22, 0x07);               // the count
+  damaged(body + 23 + 4 * 5 + 3, 0x01);   // one interval's end, off by a byte
+  damaged(body + 23 + 4 * 95 + 2, 0x10);  // another, far off
+}
+
 }  // namespace
 }  // namespace conveyor

@@ -31,6 +31,7 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
+#include "jpeg_segments.h"
 #include "restart_markers.h"
 
 namespace {
@@ -62,7 +63,10 @@ DST   --format wds: the shards' prefix. Writes DST-000000.tar, DST-000001.tar, .
                     marker every N MCUs, or the largest divisor of the MCUs per row below N, so
                     the intervals tile each MCU row (for crop-proportional decoding). Each
                     rewrite is decoded and compared with the input's pixels; one that differs
-                    counts as undecodable. The summary gives the size change.
+                    counts as undecodable. Each file also gets a segment index (an APP15
+                    marker segment listing where every interval ends, up to 16,377 intervals),
+                    so that loading never scans for the markers. The summary gives the size
+                    change and how many files got an index.
 
 Progress goes to stderr (a line per shard, or every few seconds); the summary line to stdout.
 Shards from an earlier run with more shards are not removed; the index lists the current ones.
@@ -417,6 +421,7 @@ struct Checked {
   std::vector<uint8_t> bytes;
   std::string error;         // empty when the input read and decoded
   uint64_t input_bytes = 0;  // before a --restart rewrite
+  bool indexed = false;      // --restart: the rewrite carries a segment index
 };
 
 // The pixels of a full decode, copied out of the decoder's buffer.
@@ -434,19 +439,26 @@ std::vector<uint8_t> pixels_of(conveyor::JpegDecoder& decoder, const std::vector
   return out;
 }
 
-// --restart: rewrites `bytes` with restart markers and checks that it decodes to the same pixels.
-void rewrite_with_restarts(conveyor::JpegDecoder& decoder, int target,
+// --restart: rewrites `bytes` with restart markers and, where it fits, the segment index
+// (jpeg_segments.h), and checks that the result decodes to the same pixels. True when it has the
+// index.
+bool rewrite_with_restarts(conveyor::JpegDecoder& decoder, int target,
                            std::vector<uint8_t>& bytes) {
   int w0 = 0, h0 = 0, w1 = 0, h1 = 0;
   const std::vector<uint8_t> before = pixels_of(decoder, bytes, w0, h0);
   conveyor::tools::RestartRewrite rewritten =
       conveyor::tools::add_restart_markers(bytes.data(), bytes.size(), target);
-  if (pixels_of(decoder, rewritten.jpeg, w1, h1) != before || w0 != w1 || h0 != h1) {
+  std::vector<uint8_t> indexed;
+  const bool has_index =
+      conveyor::detail::add_segment_index(rewritten.jpeg.data(), rewritten.jpeg.size(), indexed);
+  std::vector<uint8_t>& result = has_index ? indexed : rewritten.jpeg;
+  if (pixels_of(decoder, result, w1, h1) != before || w0 != w1 || h0 != h1) {
     throw std::runtime_error("the rewrite with restart markers every " +
                              std::to_string(rewritten.interval) +
                              " MCUs decodes to other pixels than the input");
   }
-  bytes = std::move(rewritten.jpeg);
+  bytes = std::move(result);
+  return has_index;
 }
 
 int run(const Options& o) {
@@ -481,6 +493,7 @@ int run(const Options& o) {
   size_t skipped = 0;
   uint64_t input_bytes = 0;   // of the samples written, as read
   uint64_t output_bytes = 0;  // of the same, as written
+  uint64_t indexed = 0;       // of the same, with a segment index
   for (size_t begin = 0; begin < items.size(); begin += window) {
     const size_t end = std::min(items.size(), begin + window);
     std::atomic<size_t> next{begin};
@@ -495,7 +508,7 @@ int run(const Options& o) {
               conveyor::read_file(items[i].path, c.bytes);
               c.input_bytes = c.bytes.size();
               if (o.restart > 0) {
-                rewrite_with_restarts(decoders[w], o.restart, c.bytes);
+                c.indexed = rewrite_with_restarts(decoders[w], o.restart, c.bytes);
               } else {
                 decoders[w].decode(c.bytes.data(), c.bytes.size());
               }
@@ -523,6 +536,7 @@ int run(const Options& o) {
       }
       input_bytes += c.input_bytes;
       output_bytes += c.bytes.size();
+      indexed += c.indexed ? 1 : 0;
       if (shards) {
         shards->add(key_of(i), c.bytes, items[i].label, progress, i);
       } else {
@@ -550,15 +564,16 @@ int run(const Options& o) {
             << " skipped (unreadable or undecodable); " << bytes << " bytes in " << where << "; "
             << rate << "\n";
   if (o.restart > 0) {
-    char change[160];
+    char change[224];
     std::snprintf(
         change, sizeof change,
         "conveyor-prepare: restart markers every %d MCUs (at most): JPEG bytes %" PRIu64
-        " -> %" PRIu64 " (%+.1f%%)\n",
+        " -> %" PRIu64 " (%+.1f%%); %" PRIu64 " files with a segment index\n",
         o.restart, input_bytes, output_bytes,
         input_bytes > 0
             ? 100.0 * (static_cast<double>(output_bytes) / static_cast<double>(input_bytes) - 1.0)
-            : 0.0);
+            : 0.0,
+        indexed);
     std::cout << change;
   }
   return 0;

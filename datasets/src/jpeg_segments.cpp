@@ -11,6 +11,45 @@ namespace {
 
 unsigned word(const uint8_t* p) { return static_cast<unsigned>(p[0]) << 8 | p[1]; }
 
+uint32_t u32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) << 24 | static_cast<uint32_t>(p[1]) << 16 |
+         static_cast<uint32_t>(p[2]) << 8 | p[3];
+}
+
+void put_u32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<uint8_t>(v >> shift));
+}
+
+constexpr uint8_t kIndexMarker = 0xEF;            // APP15
+constexpr char kIndexId[] = "CONVEYOR-SEGMENTS";  // with its NUL: 18 bytes
+constexpr size_t kIndexIdSize = sizeof kIndexId;
+constexpr uint8_t kIndexVersion = 1;
+constexpr size_t kIndexHeader = kIndexIdSize + 1 + 4;  // id, version, count
+
+// Fills layout.starts/ends from the index at [index_offset, index_end) of a layout whose header
+// has been read; false (vectors cleared) unless every entry checks out.
+bool read_index(const uint8_t* data, size_t size, size_t segments, SegmentLayout& layout) {
+  const uint8_t* body = data + layout.index_offset + 4;
+  const size_t body_size = layout.index_end - layout.index_offset - 4;
+  const size_t n = u32(body + kIndexIdSize + 1);
+  if (n != segments || body_size != kIndexHeader + 4 * n) return false;
+  const uint8_t* entry = body + kIndexHeader;
+  size_t start = layout.scan_data;
+  for (size_t k = 0; k < n; ++k, entry += 4) {
+    const size_t end = u32(entry);
+    const uint8_t expected = k + 1 < n ? static_cast<uint8_t>(0xD0 + k % 8) : 0xD9;
+    if (end < start || end + 1 >= size || data[end] != 0xFF || data[end + 1] != expected) {
+      layout.starts.clear();
+      layout.ends.clear();
+      return false;
+    }
+    layout.starts.push_back(static_cast<uint32_t>(start));
+    layout.ends.push_back(static_cast<uint32_t>(end));
+    start = end + 2;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool read_segment_layout(const uint8_t* data, size_t size, SegmentLayout& layout) {
@@ -20,6 +59,8 @@ bool read_segment_layout(const uint8_t* data, size_t size, SegmentLayout& layout
   layout.ends.clear();
   layout.width = layout.height = layout.mcu_width = layout.mcu_height = 0;
   layout.mcus_per_row = layout.mcu_rows = layout.interval = 0;
+  layout.index_offset = layout.index_end = 0;
+  layout.indexed = false;
   if (size < 4 || data[0] != 0xFF || data[1] != 0xD8) return false;
   size_t pos = 2;
   int components = 0;
@@ -58,6 +99,11 @@ bool read_segment_layout(const uint8_t* data, size_t size, SegmentLayout& layout
                 marker != 0xCC) ||
                marker == 0xCC) {
       return false;  // progressive, lossless, hierarchical or arithmetic
+    } else if (marker == kIndexMarker && layout.index_end == 0 && length >= 2 + kIndexHeader &&
+               std::memcmp(body, kIndexId, kIndexIdSize) == 0 &&
+               body[kIndexIdSize] == kIndexVersion) {
+      layout.index_offset = pos;
+      layout.index_end = pos + 2 + length;
     } else if (marker == 0xDD) {
       if (length != 4) return false;
       layout.interval = static_cast<int>(word(body));
@@ -80,6 +126,10 @@ bool read_segment_layout(const uint8_t* data, size_t size, SegmentLayout& layout
   if (size > UINT32_MAX) return false;
   layout.starts.reserve(segments);
   layout.ends.reserve(segments);
+  if (layout.index_end != 0 && read_index(data, size, segments, layout)) {
+    layout.indexed = true;
+    return true;
+  }
   // The entropy-coded data: FF 00 is a stuffed byte, FF FF fill, FF D0..D7 a restart marker (in
   // sequence), FF D9 the end; any other marker inside the scan (DNL, a second scan) is refused.
   pos = layout.scan_data;
@@ -114,9 +164,15 @@ bool read_segment_layout(const uint8_t* data, size_t size, SegmentLayout& layout
 void write_segment_jpeg(const uint8_t* data, const SegmentLayout& layout, int c0, int c1, int r0,
                         int r1, std::vector<uint8_t>& out) {
   out.clear();
-  // Everything before the frame header (SOI, APPn, tables), then the frame header with the
-  // covered extent, then everything after it up to the scan's data (tables, DRI, SOS).
-  out.insert(out.end(), data, data + layout.sof_offset);
+  // Everything before the frame header (SOI, APPn, tables) but the segment index, then the frame
+  // header with the covered extent, then everything after it up to the scan's data (tables, DRI,
+  // SOS).
+  if (layout.index_end != 0 && layout.index_end <= layout.sof_offset) {
+    out.insert(out.end(), data, data + layout.index_offset);
+    out.insert(out.end(), data + layout.index_end, data + layout.sof_offset);
+  } else {
+    out.insert(out.end(), data, data + layout.sof_offset);
+  }
   const size_t sof = out.size();
   out.insert(out.end(), data + layout.sof_offset, data + layout.sof_end);
   const int width = std::min(layout.width - c0 * layout.mcu_width, (c1 - c0) * layout.mcu_width);
@@ -145,6 +201,29 @@ void write_segment_jpeg(const uint8_t* data, const SegmentLayout& layout, int c0
   }
   out.push_back(0xFF);
   out.push_back(0xD9);
+}
+
+bool add_segment_index(const uint8_t* data, size_t size, std::vector<uint8_t>& out) {
+  SegmentLayout layout;
+  if (!read_segment_layout(data, size, layout) || layout.index_end != 0) return false;
+  const size_t n = layout.ends.size();
+  if (n == 0 || n > kMaxIndexedSegments) return false;
+  const size_t marker_size = 4 + kIndexHeader + 4 * n;
+  if (size + marker_size > UINT32_MAX) return false;
+  out.clear();
+  out.reserve(size + marker_size);
+  out.insert(out.end(), data, data + layout.sof_offset);
+  out.push_back(0xFF);
+  out.push_back(kIndexMarker);
+  out.push_back(static_cast<uint8_t>((marker_size - 2) >> 8));
+  out.push_back(static_cast<uint8_t>(marker_size - 2));
+  out.insert(out.end(), kIndexId, kIndexId + kIndexIdSize);
+  out.push_back(kIndexVersion);
+  put_u32(out, static_cast<uint32_t>(n));
+  // Everything from the frame header on moves by the marker segment's size.
+  for (uint32_t end : layout.ends) put_u32(out, static_cast<uint32_t>(end + marker_size));
+  out.insert(out.end(), data + layout.sof_offset, data + size);
+  return true;
 }
 
 }  // namespace conveyor::detail

@@ -11,6 +11,13 @@
 // Guarantees: the small JPEG's pixels are those of the same MCUs in a decode of the whole file,
 // except where a filter reaches across the cut (fancy chroma upsampling): the caller keeps one MCU
 // of margin there (JpegDecoder does; conveyor-decode-check compares every byte with full decodes).
+// The segment index: conveyor-prepare --restart stores where every interval ends in an APP15
+// marker segment (add_segment_index), so that nothing is scanned at load time. Its body is
+// "CONVEYOR-SEGMENTS\0", a version byte (1), the number of intervals n (32-bit big-endian), then
+// for each interval k the file offset of the marker that ends it (RST for k < n-1, EOI for the
+// last), 32-bit big-endian. read_segment_layout() trusts an index only when every offset holds
+// the marker it should, in order, and the count is the file's; otherwise it scans the file, as
+// for files without one. Other readers skip APP15 segments.
 // Thread safety: pure functions.
 #pragma once
 
@@ -30,6 +37,11 @@ struct SegmentLayout {
   int mcu_width = 0, mcu_height = 0;  // in pixels
   int mcus_per_row = 0, mcu_rows = 0;
   int interval = 0;  // MCUs per restart interval; divides mcus_per_row
+  // The segment index's marker segment, [index_offset, index_end), when the file has one (both 0
+  // otherwise); `indexed` when the intervals were read from it rather than found by a scan.
+  size_t index_offset = 0;
+  size_t index_end = 0;
+  bool indexed = false;
 };
 
 // Reads the marker structure and finds every restart interval, reusing `layout`'s vectors (no
@@ -38,9 +50,18 @@ struct SegmentLayout {
 // the usual way, which reports any damage.
 bool read_segment_layout(const uint8_t* data, size_t size, SegmentLayout& layout);
 
+// The most intervals one index marker segment can list.
+constexpr size_t kMaxIndexedSegments = (65535 - 2 - 18 - 1 - 4) / 4;
+
+// Writes to `out` the file `data` with a segment index inserted before its frame header. False
+// (and `out` unspecified) when the file cannot be segmented, already has an index, or has more
+// than kMaxIndexedSegments intervals; then the file is used as it is and scanned at load time.
+bool add_segment_index(const uint8_t* data, size_t size, std::vector<uint8_t>& out);
+
 // Writes to `out` (reusing its capacity) the JPEG of MCU columns [c0, c1) and rows [r0, r1):
 // c0 and c1 are multiples of the interval (or c1 is mcus_per_row), r0 < r1 <= mcu_rows. Its
-// width and height keep the image's own extent at the right and bottom edges.
+// width and height keep the image's own extent at the right and bottom edges. The segment index,
+// if any, is left out.
 void write_segment_jpeg(const uint8_t* data, const SegmentLayout& layout, int c0, int c1, int r0,
                         int r1, std::vector<uint8_t>& out);
 

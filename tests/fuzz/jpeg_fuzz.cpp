@@ -25,11 +25,13 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
+#include "jpeg_segments.h"
 
 namespace {
 
@@ -183,6 +185,7 @@ int write_seeds(const char* dir) {
   struct Seed {
     int w, h;
     conveyor::EncodeOptions o;
+    bool segment_index = false;  // with conveyor-prepare's segment index (jpeg_segments.h)
   };
   std::vector<Seed> seeds;
   auto add = [&](int w, int h, auto&& set) {
@@ -209,6 +212,11 @@ int write_seeds(const char* dir) {
   add(96, 40, [](auto& o) { o.restart_interval = 2; });
   add(96, 40, [](auto& o) { o.restart_interval = 4, o.color = Color::kGray; });
   add(64, 33, [](auto& o) { o.restart_interval = 2, o.h_samp = 1, o.v_samp = 1; });
+  // The same, with the segment index conveyor-prepare stores: mutations reach its reader.
+  for (size_t i = seeds.size() - 3, end = seeds.size(); i < end; ++i) {
+    seeds.push_back(seeds[i]);
+    seeds.back().segment_index = true;
+  }
   add(1, 1, [](auto&) {});
   add(200, 3, [](auto& o) { o.progressive = true; });
   add(3, 150, [](auto&) {});
@@ -226,6 +234,14 @@ int write_seeds(const char* dir) {
       rgb[i] = static_cast<uint8_t>((i * 7 + (i / 3 / s.w) * 13) ^ (conveyor::splitmix64(i) & 31));
     }
     std::vector<uint8_t> file = conveyor::encode_jpeg(rgb.data(), s.w, s.h, s.o);
+    if (s.segment_index) {
+      std::vector<uint8_t> indexed;
+      if (!conveyor::detail::add_segment_index(file.data(), file.size(), indexed)) {
+        std::fprintf(stderr, "conveyor-jpeg-fuzz: seed %d cannot take a segment index\n", n);
+        return 1;
+      }
+      file = std::move(indexed);
+    }
     for (size_t i = 0; i < kConfigBytes; ++i) {
       state = conveyor::splitmix64(state);
       file.push_back(static_cast<uint8_t>(state));
