@@ -1,7 +1,10 @@
 // GPU figures for conveyor-bench, each against a reference measured in the same process:
 //   h2d_gb_per_s / h2d_peak_gb_per_s: the copy stage (batches whose bytes the workers leave as
 //     they are, so only the copy is timed) against a plain loop of pinned cudaMemcpyAsync of the
-//     same batch size on one stream;
+//     same batch size on one stream; h2d_event_thread_gb_per_s the same with
+//     CopyCompletion::kEventThread; h2d_plain_with_{label_copy,host_callback}_ratio the plain
+//     loop with one thing the copy stage adds per batch (a second small copy, a host function
+//     on the stream), against the plain loop: where the gap is;
 //   overlap_step_ratio: a fixed GPU workload per batch, timed with Conveyor feeding it real
 //     decoded batches versus with one batch already resident on the GPU (1.0 is perfect overlap).
 //     The workload is calibrated to take about 1.5x the time Conveyor needs per batch, so that
@@ -43,32 +46,52 @@ void check(cudaError_t err) {
   if (err != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + cudaGetErrorString(err));
 }
 
-double plain_pinned_copy_gbps(size_t bytes, int reps, c10::Device device) {
+void CUDART_CB nothing(void*) {}
+
+// What a plain loop of pinned copies adds per batch, to find where the copy stage's gap is.
+struct PlainLoopExtras {
+  bool label_copy = false;     // a second, small copy per batch (the labels: 8 bytes a row)
+  bool host_callback = false;  // a cudaLaunchHostFunc per batch, doing nothing
+};
+
+// A loop of pinned cudaMemcpyAsync of `bytes` on one stream, plus `extras`, in GB/s of image
+// bytes.
+double plain_pinned_copy_gbps(size_t bytes, size_t rows, int reps, c10::Device device,
+                              PlainLoopExtras extras = {}) {
   HostBuffer host(bytes);
+  HostBuffer labels(rows * sizeof(int64_t));
   at::Tensor dst =
       at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+  at::Tensor label_dst =
+      at::empty({static_cast<int64_t>(rows)}, at::TensorOptions().dtype(at::kLong).device(device));
   c10::cuda::CUDAStream stream = c10::cuda::getStreamFromPool(false, device.index());
-  for (int i = 0; i < 2; ++i) {
+  auto one = [&] {
     check(cudaMemcpyAsync(dst.data_ptr(), host.data(), bytes, cudaMemcpyHostToDevice,
                           stream.stream()));
-  }
+    if (extras.label_copy) {
+      check(cudaMemcpyAsync(label_dst.data_ptr(), labels.data(), rows * sizeof(int64_t),
+                            cudaMemcpyHostToDevice, stream.stream()));
+    }
+    if (extras.host_callback) check(cudaLaunchHostFunc(stream.stream(), nothing, nullptr));
+  };
+  for (int i = 0; i < 2; ++i) one();
   check(cudaStreamSynchronize(stream.stream()));
   double t0 = now_seconds();
-  for (int i = 0; i < reps; ++i) {
-    check(cudaMemcpyAsync(dst.data_ptr(), host.data(), bytes, cudaMemcpyHostToDevice,
-                          stream.stream()));
-  }
+  for (int i = 0; i < reps; ++i) one();
   check(cudaStreamSynchronize(stream.stream()));
   return static_cast<double>(bytes) * reps / (now_seconds() - t0) / 1e9;
 }
 
-double copy_stage_gbps(const BenchConfig& config, c10::Device device) {
+// The copy stage through the loader, in GB/s of batch bytes: a warm-up epoch, then 2 epochs of
+// 40 batches each.
+double copy_stage_gbps(const BenchConfig& config, c10::Device device, CopyCompletion completion) {
   LoaderOptions o;
   o.batch_size = config.batch_size;
   o.workers = config.workers;
   o.device = device;
   o.prefetch_factor = 4;
-  DataLoader loader(std::make_shared<UntouchedImages>(config.batch_size * 40, config.crop), o);
+  DataLoader loader(std::make_shared<UntouchedImages>(config.batch_size * 40, config.crop), o,
+                    nullptr, make_cuda_copy_engine(device, completion));
   for (Batch& b : loader) (void)b;  // warm-up epoch: allocator, streams
   c10::cuda::device_synchronize();
   uint64_t bytes = 0;
@@ -96,9 +119,18 @@ void add_gpu_figures(const BenchConfig& config, RunResult& result) {
   c10::Device device(config.device);
   if (!device.is_cuda()) return;
   const size_t batch_bytes = config.batch_size * 3 * config.crop * config.crop;
-  result.extra["h2d_peak_gb_per_s"] = plain_pinned_copy_gbps(batch_bytes, 20, device);
-  result.extra["h2d_gb_per_s"] = copy_stage_gbps(config, device);
-  result.extra["h2d_ratio"] = result.extra["h2d_gb_per_s"] / result.extra["h2d_peak_gb_per_s"];
+  const size_t rows = config.batch_size;
+  auto& x = result.extra;
+  x["h2d_peak_gb_per_s"] = plain_pinned_copy_gbps(batch_bytes, rows, 20, device);
+  x["h2d_gb_per_s"] = copy_stage_gbps(config, device, CopyCompletion::kHostCallback);
+  x["h2d_ratio"] = x["h2d_gb_per_s"] / x["h2d_peak_gb_per_s"];
+  x["h2d_event_thread_gb_per_s"] = copy_stage_gbps(config, device, CopyCompletion::kEventThread);
+  x["h2d_event_thread_ratio"] = x["h2d_event_thread_gb_per_s"] / x["h2d_peak_gb_per_s"];
+  // Where the gap is: the plain loop with what the copy stage adds per batch, one at a time.
+  x["h2d_plain_with_label_copy_ratio"] =
+      plain_pinned_copy_gbps(batch_bytes, rows, 20, device, {true, false}) / x["h2d_peak_gb_per_s"];
+  x["h2d_plain_with_host_callback_ratio"] =
+      plain_pinned_copy_gbps(batch_bytes, rows, 20, device, {false, true}) / x["h2d_peak_gb_per_s"];
 
   // Calibrate the workload to 1.5x Conveyor's time per batch.
   at::Tensor weights =

@@ -1,6 +1,14 @@
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -32,7 +40,9 @@ void CUDART_CB run_finished(void* payload) {
   }
 }
 
-class CudaCopyEngine final : public CopyEngine {
+// The copy stage's common part: the side stream, the copies into fresh device tensors, the slot's
+// event and the consumer's wait. How a finished copy hands its slot back is the subclass's.
+class CudaCopyEngine : public CopyEngine {
  public:
   explicit CudaCopyEngine(c10::Device device)
       : device_(device),
@@ -49,7 +59,6 @@ class CudaCopyEngine final : public CopyEngine {
     c10::cuda::CUDAStreamGuard stream_guard(stream_);  // allocations belong to the side stream
     std::vector<at::Tensor> device;
     device.reserve(host.size());
-    auto payload = std::make_unique<std::function<void()>>(std::move(on_finished));
     try {
       for (const auto& h : host) {
         at::Tensor d = at::empty(h.sizes(), h.options().device(device_).pinned_memory(false));
@@ -62,15 +71,14 @@ class CudaCopyEngine final : public CopyEngine {
         throw_if_failed(cudaEventRecord(event->native_handle(), stream_.stream()),
                         "cudaEventRecord");
       }
-      throw_if_failed(cudaLaunchHostFunc(stream_.stream(), run_finished, payload.get()),
-                      "cudaLaunchHostFunc");
     } catch (...) {
       // Copies already queued may still read the slot: let them finish, then hand it back.
       cudaStreamSynchronize(stream_.stream());
-      (*payload)();
+      on_finished();
       throw;
     }
-    payload.release();  // owned by the callback from here on
+    // Owns on_finished from here on: runs it once the copies are done, also when it throws.
+    hand_back_when_done(std::move(on_finished));
     return device;
   }
 
@@ -99,9 +107,126 @@ class CudaCopyEngine final : public CopyEngine {
     }
   }
 
- private:
+ protected:
+  // Runs `on_finished` once the work queued so far on the stream is done. If it throws, it has
+  // run on_finished first (after the stream's work finished).
+  virtual void hand_back_when_done(std::function<void()> on_finished) = 0;
+
   c10::Device device_;
   c10::cuda::CUDAStream stream_;
+};
+
+// CopyCompletion::kHostCallback.
+class HostCallbackCopyEngine final : public CudaCopyEngine {
+ public:
+  using CudaCopyEngine::CudaCopyEngine;
+
+ private:
+  void hand_back_when_done(std::function<void()> on_finished) override {
+    auto payload = std::make_unique<std::function<void()>>(std::move(on_finished));
+    const cudaError_t err = cudaLaunchHostFunc(stream_.stream(), run_finished, payload.get());
+    if (err != cudaSuccess) {
+      cudaStreamSynchronize(stream_.stream());
+      (*payload)();
+      throw_if_failed(err, "cudaLaunchHostFunc");
+    }
+    payload.release();  // owned by the callback from here on
+  }
+};
+
+// CopyCompletion::kEventThread: each batch records an event of the engine's own after its
+// copies; one thread waits for them in issue order and runs the hand-backs.
+// Invariants: `pending_` holds the batches whose hand-back has not run, in issue order, each with
+// a recorded event; an event is either in `pending_`, being waited on by the thread, or in
+// `spare_`. The thread exits only once `stopping_` is set and `pending_` is empty.
+class EventThreadCopyEngine final : public CudaCopyEngine {
+ public:
+  explicit EventThreadCopyEngine(c10::Device device)
+      : CudaCopyEngine(device), waiter_([this] { wait_in_order(); }) {}
+
+  ~EventThreadCopyEngine() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    waiter_.join();  // after every pending hand-back has run
+    for (cudaEvent_t e : spare_) cudaEventDestroy(e);
+  }
+
+  void check() override {
+    CudaCopyEngine::check();
+    std::lock_guard<std::mutex> lock(mutex_);
+    throw_if_failed(failure_, "waiting for a copy");
+  }
+
+ private:
+  struct Pending {
+    cudaEvent_t event;
+    std::function<void()> on_finished;
+  };
+
+  void hand_back_when_done(std::function<void()> on_finished) override {
+    cudaEvent_t event = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!spare_.empty()) {
+        event = spare_.back();
+        spare_.pop_back();
+      }
+    }
+    cudaError_t err = cudaSuccess;
+    if (event == nullptr) {
+      // Blocking sync: the waiting thread sleeps instead of spinning on a core the workers use.
+      err = cudaEventCreateWithFlags(&event, cudaEventBlockingSync | cudaEventDisableTiming);
+    }
+    if (err == cudaSuccess) err = cudaEventRecord(event, stream_.stream());
+    if (err != cudaSuccess) {
+      if (event != nullptr) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        spare_.push_back(event);
+      }
+      cudaStreamSynchronize(stream_.stream());
+      on_finished();
+      throw_if_failed(err, "recording the copy's event");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending_.push_back({event, std::move(on_finished)});
+    }
+    wake_.notify_one();
+  }
+
+  void wait_in_order() {
+    (void)cudaSetDevice(device_.index());  // the events belong to this device
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+      if (pending_.empty()) return;  // stopping, nothing left
+      Pending next = std::move(pending_.front());
+      pending_.pop_front();
+      lock.unlock();
+      // On an error the copy cannot read the slot any more either: hand it back, and let
+      // check() report the error to the loader.
+      const cudaError_t err = cudaEventSynchronize(next.event);
+      try {
+        next.on_finished();
+      } catch (const std::exception& e) {  // the contract says it does not throw; say so if it did
+        std::fprintf(stderr, "conveyor: copy-finished hand-back failed: %s\n", e.what());
+      }
+      lock.lock();
+      spare_.push_back(next.event);
+      if (err != cudaSuccess && failure_ == cudaSuccess) failure_ = err;
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> spare_;
+  bool stopping_ = false;
+  cudaError_t failure_ = cudaSuccess;
+  std::thread waiter_;  // last: started once the members above exist
 };
 
 }  // namespace
@@ -126,12 +251,16 @@ c10::Device resolve_device(c10::Device device) {
   return c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
 }
 
-std::unique_ptr<CopyEngine> make_cuda_copy_engine(c10::Device device) {
+std::unique_ptr<CopyEngine> make_cuda_copy_engine(c10::Device device, CopyCompletion completion) {
   if (!device.is_cuda()) {
     throw std::invalid_argument("conveyor: the copy engine needs a CUDA device, got " +
                                 device.str());
   }
-  return std::make_unique<CudaCopyEngine>(resolve_device(device));
+  const c10::Device resolved = resolve_device(device);
+  if (completion == CopyCompletion::kEventThread) {
+    return std::make_unique<EventThreadCopyEngine>(resolved);
+  }
+  return std::make_unique<HostCallbackCopyEngine>(resolved);
 }
 
 }  // namespace conveyor

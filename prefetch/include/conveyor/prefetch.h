@@ -58,9 +58,24 @@ class CopyEngine {
 // means cuda:0). Throws std::invalid_argument naming the device and what is missing.
 c10::Device resolve_device(c10::Device device);
 
+// How the CUDA copy engine learns that a copy has finished reading its slot, to hand it back.
+enum class CopyCompletion {
+  // A host function queued on the side stream after each batch's copies (cudaLaunchHostFunc).
+  // The default, and the path measured on the H200. The stream runs no later copy until that
+  // function has run on CUDA's callback thread, so each batch's copy waits for the previous
+  // batch's hand-back.
+  kHostCallback,
+  // A thread of the engine waits for each batch's event in order (cudaEventSynchronize on a
+  // blocking-sync event) and hands the slot back; the stream never waits for the host, so copies
+  // run back to back. Not yet measured on a GPU: conveyor-bench reports both
+  // (h2d_gb_per_s, h2d_event_thread_gb_per_s) against the plain copy loop.
+  kEventThread,
+};
+
 // The real copy stage: one side stream of the given CUDA device.
 // Throws std::invalid_argument as resolve_device() does, or for a CPU device.
-std::unique_ptr<CopyEngine> make_cuda_copy_engine(c10::Device device);
+std::unique_ptr<CopyEngine> make_cuda_copy_engine(
+    c10::Device device, CopyCompletion completion = CopyCompletion::kHostCallback);
 
 // Normalization on the device after the copy, so the PCIe link carries uint8:
 // out = (images / 255 - mean) / std, per channel, as `dtype` (float32, float16 or bfloat16).
