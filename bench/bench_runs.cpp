@@ -26,8 +26,12 @@ Progress::Progress(const std::string& name, uint64_t total, bool enabled)
     : name_(name), total_(total), enabled_(enabled), start_(now_seconds()) {}
 
 void Progress::update(uint64_t done) {
-  if (!enabled_) return;
   double t = now_seconds();
+  if (t - start_ - last_point_ >= 0.05) {
+    last_point_ = t - start_;
+    timeline_.emplace_back(last_point_, done);
+  }
+  if (!enabled_) return;
   if (t - last_ < 0.25 && done < total_) return;
   last_ = t;
   double rate = done / std::max(1e-9, t - start_);
@@ -37,7 +41,8 @@ void Progress::update(uint64_t done) {
                eta);
 }
 
-void Progress::finish() {
+void Progress::finish(uint64_t done) {
+  timeline_.emplace_back(now_seconds() - start_, done);
   if (enabled_) std::fprintf(stderr, "\r%100s\r", "");
 }
 
@@ -137,7 +142,8 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   r.mode = loader.mode();
   r.pinned_bytes = loader.pinned_bytes();
   Progress progress(name, source->size() * config.epochs, config.progress);
-  std::vector<double> intervals;
+  std::vector<double>& intervals = r.batch_ms;
+  intervals.reserve(source->size() * config.epochs / config.batch_size + 1);
   const double t0 = now_seconds();
   double last = t0;
   for (size_t e = 0; e < config.epochs; ++e) {
@@ -155,7 +161,9 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
     (void)probe.cpu();
   }
   r.seconds = now_seconds() - t0;
-  progress.finish();
+  progress.finish(r.images);
+  r.timeline = progress.take_timeline();
+  r.workers = config.workers;
   r.images_per_s = r.images / r.seconds;
   LoaderStats s = loader.stats();
   r.errors = s.errors;
@@ -172,6 +180,14 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
     }
   }
   r.extra["fill_seconds"] = s.fill_seconds;
+  const ImageSource::WorkTime work = source->work_time();
+  r.time_split["read"] = work.read_seconds;
+  r.time_split["decode"] = work.decode_seconds;
+  r.time_split["transform"] = work.transform_seconds;
+  r.time_split["fill_other"] = std::max(
+      0.0, s.fill_seconds - work.read_seconds - work.decode_seconds - work.transform_seconds);
+  r.time_split["copy_issue"] = s.copy_issue_seconds;
+  r.time_split["wait"] = s.wait_seconds;
   return r;
 }
 
@@ -221,16 +237,18 @@ RunResult run_ceiling(const BenchConfig& config) {
         }
       });
     }
-    while (done.load() < total && !failed && config.progress) {
+    while (done.load() < total && !failed) {
       progress.update(done.load());
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   }
-  progress.finish();
+  progress.finish(done.load());
   if (failed) throw std::runtime_error(failure);
   RunResult r;
   r.name = "ceiling";
   r.data = config.data;
+  r.timeline = progress.take_timeline();
+  r.workers = config.workers;
   r.images = total;
   r.seconds = now_seconds() - t0;
   r.images_per_s = total / r.seconds;

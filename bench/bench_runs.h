@@ -53,6 +53,8 @@ struct BenchConfig {
   // random access through the index.
   bool streaming = false;
   std::string json;
+  // --plot FILE.svg or FILE.png: the figures as pictures (bench/plot.h).
+  std::string plot;
   bool progress = false;
 };
 
@@ -76,6 +78,17 @@ struct RunResult {
   // This run's images/s in each round, in round order (the table's figure is their median).
   std::vector<double> round_images_per_s;
   std::string data;  // what it read (BenchConfig::data, a reference's data or reference_folder)
+  // For --plot: (seconds since the run's start, images done), sampled about every 50 ms and at
+  // the end; the time between consecutive batches the consumer received, in ms (none for the
+  // ceiling, which has no batches); and, for Conveyor on an ImageSource, where the time went:
+  // worker seconds reading, decoding, transforming and in the engine's other fill work, consumer
+  // seconds issuing copies and waiting (keys "read", "decode", "transform", "fill_other",
+  // "copy_issue", "wait").
+  std::vector<std::pair<double, uint64_t>> timeline;
+  std::vector<double> batch_ms;
+  std::map<std::string, double> time_split;
+  // The configuration it ran with: BenchConfig::workers.
+  size_t workers = 0;
 };
 
 // Conveyor on config.data (a folder or tar shards), named `name`.
@@ -87,8 +100,11 @@ RunResult run_reference(const std::string& name, const BenchConfig& config);
 class Progress {
  public:
   Progress(const std::string& name, uint64_t total, bool enabled);
+  // Records (time since construction, done) at most every 50 ms, and prints when enabled.
   void update(uint64_t done);
-  void finish();
+  // Records the last point and clears the terminal line.
+  void finish(uint64_t done);
+  std::vector<std::pair<double, uint64_t>> take_timeline() { return std::move(timeline_); }
 
  private:
   std::string name_;
@@ -96,6 +112,8 @@ class Progress {
   bool enabled_;
   double start_;
   double last_ = 0;
+  double last_point_ = -1;
+  std::vector<std::pair<double, uint64_t>> timeline_;
 };
 
 double now_seconds();

@@ -4,7 +4,8 @@
 //   conveyor-bench [--data SOURCE | --dataset photos|mixed | --generate N] [--batch-size 256]
 //                  [--workers W] [--epochs 2] [--rounds 3] [--crop 224] [--device cpu|cuda[:i]]
 //                  [--compare ceiling,...] [--reference-data NAME=SOURCE ...]
-//                  [--on-error raise|skip] [--json FILE] [--generate-only]
+//                  [--on-error raise|skip] [--json FILE] [--plot FILE.svg|FILE.png]
+//                  [--generate-only]
 //
 // SOURCE is an ImageFolder or WebDataset tar shards (ImageSource::tar_shards: local paths,
 // file:// or http(s):// URLs, brace patterns, comma-separated). Without --data it generates
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -36,6 +38,7 @@
 #include "bench_runs.h"
 #include "cache_dir.h"
 #include "conveyor/conveyor.h"
+#include "plot.h"
 
 namespace conveyor::bench {
 namespace {
@@ -70,6 +73,9 @@ namespace {
   --streaming         read tar shards in streaming mode (whole shards in order through a shuffle
                       buffer of 1000) instead of at random through their index
   --json FILE         also write the figures as JSON
+  --plot FILE         also draw them: FILE.svg (or FILE.png, through rsvg-convert) shows
+                      images/s over time for every run, the per-batch latency distribution, and
+                      where Conveyor's time goes (read, decode, resize, copy, consumer wait)
   --generate-only     generate the dataset if needed (--generate, --dataset), print its folder on
                       stdout and exit
 )";
@@ -137,7 +143,12 @@ BenchConfig parse(int argc, char** argv) {
       c.device = value();
     else if (a == "--json")
       c.json = value();
-    else if (a == "--streaming")
+    else if (a == "--plot") {
+      c.plot = value();
+      const auto dot = c.plot.rfind('.');
+      const std::string ext = dot == std::string::npos ? "" : c.plot.substr(dot);
+      if (ext != ".svg" && ext != ".png") usage("--plot takes FILE.svg or FILE.png");
+    } else if (a == "--streaming")
       c.streaming = true;
     else if (a == "--on-error") {
       std::string p = value();
@@ -340,6 +351,9 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
   for (const auto& [m, share] : main.scale_shares) {
     field("scale_" + std::to_string(m) + "_share", std::to_string(share));
   }
+  for (const auto& [stage, seconds] : main.time_split) {
+    field("time_" + stage + "_seconds", std::to_string(seconds));
+  }
   for (const auto& r : runs) {
     if (r.name == "conveyor") continue;
     std::string key = r.name;
@@ -359,6 +373,26 @@ void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const 
   }
   field("cuda_available", cuda_available() ? "true" : "false", true);
   out << "}\n";
+}
+
+// The plot's caption: the command, the configuration, the machine and the date (UTC).
+std::vector<std::string> plot_caption(int argc, char** argv, const BenchConfig& c,
+                                      const RunResult& main) {
+  std::string command = "conveyor-bench";
+  for (int i = 1; i < argc; ++i) command += std::string(" ") + argv[i];
+  char host[256] = "?";
+  ::gethostname(host, sizeof host - 1);
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  char config[256];
+  std::snprintf(config, sizeof config,
+                "batch %zu, %zu workers, crop %d, %zu epochs x %zu rounds, device %s, %s",
+                c.batch_size, c.workers, c.crop, c.epochs, c.rounds, main.device.c_str(),
+                main.mode.c_str());
+  return {command, std::string(config),
+          std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) +
+              " hardware threads, " + date + "; data " + c.data};
 }
 
 }  // namespace
@@ -451,6 +485,10 @@ int main(int argc, char** argv) {
     }
     print_table(config, runs, main_run);
     if (!config.json.empty()) write_json(config, runs, main_run);
+    if (!config.plot.empty()) {
+      write_plot(config.plot, runs, plot_caption(argc, argv, config, main_run));
+      std::cerr << "conveyor-bench: wrote " << config.plot << "\n";
+    }
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "conveyor-bench: error: " << e.what() << "\n";

@@ -15,14 +15,17 @@
 #include <benchmark/benchmark.h>
 #include <turbojpeg.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cache_dir.h"
 #include "conveyor/conveyor.h"
+#include "jpeg_segments.h"
 
 namespace conveyor {
 namespace {
@@ -108,6 +111,102 @@ BENCHMARK_DEFINE_F(JpegFiles, ImageWriter)(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK_REGISTER_F(JpegFiles, ImageWriter)->MinTime(2.0);
+
+// DCT scaling, end to end (ImageWriter::write: the crop's decode, the resize to 224x224, flip
+// and layout), for RandomResizedCrop 224 on photo-like files of three sizes, with and without
+// restart markers every 4 MCUs (crop-proportional decoding), under three policies:
+//   full  8/8 only, a resize does all the shrinking;
+//   simd  1/8, 2/8, 4/8, 8/8 (the default);
+//   any   every M/8.
+// Arguments: size (0: 512x384, 1: 1024x768, 2: 2048x1536), policy (0 full, 1 simd, 2 any),
+// restart markers (0, 1). 24 files per size, each re-encoded at quality 90 from a photo-like
+// JPEG, so both codings hold the same pixels.
+// Run: build/bench/jpeg-bench --benchmark_filter=DctScaling --benchmark_repetitions=3
+const std::vector<std::vector<uint8_t>>& scaling_files(int size, bool restarts) {
+  static std::vector<std::vector<uint8_t>> files[3][2];
+  auto& out = files[size][restarts ? 1 : 0];
+  if (!out.empty()) return out;
+  const int width = 512 << size, height = 384 << size;
+  DecodeOptions o;
+  JpegDecoder decoder(DecodeLimits{}, o);
+  for (uint64_t seed = 0; seed < 24; ++seed) {
+    const std::vector<uint8_t> photo = make_photo_jpeg(width, height, 100 + seed);
+    const DecodedImage image = decoder.decode(photo.data(), photo.size());
+    std::vector<uint8_t> rgb;
+    for (int r = 0; r < image.height; ++r) {
+      const uint8_t* row = image.pixels + image.stride * static_cast<size_t>(r);
+      rgb.insert(rgb.end(), row, row + static_cast<size_t>(image.width) * 3);
+    }
+    EncodeOptions e;
+    e.restart_interval = restarts ? 4 : 0;
+    out.push_back(encode_jpeg(rgb.data(), image.width, image.height, e));
+  }
+  return out;
+}
+
+void BM_DctScaling(benchmark::State& state) {
+  const int size = static_cast<int>(state.range(0));
+  const int policy = static_cast<int>(state.range(1));
+  const auto& all = scaling_files(size, state.range(2) != 0);
+  ImageTransform t = ImageTransform::train(224);
+  t.dct_scales = policy == 0 ? kFullDctScale : policy == 1 ? kSimdDctScales : kAllDctScales;
+  ImageWriter writer(t);
+  std::vector<std::byte> out(3 * 224 * 224);
+  std::vector<uint64_t> scales(9, 0);
+  size_t i = 0;
+  for (auto _ : state) {
+    const size_t k = i++;
+    const auto& f = all[k % all.size()];
+    SampleContext ctx{0, k % all.size(), 0, k / all.size()};
+    writer.write(f.data(), f.size(), ctx, out.data());
+    ++scales[static_cast<size_t>(writer.last_scale())];
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations());
+  for (int m = 1; m <= 8; ++m) {
+    state.counters["at" + std::to_string(m) + "/8"] =
+        static_cast<double>(scales[m]) / static_cast<double>(std::max<size_t>(1, i));
+  }
+  state.SetLabel(std::string(policy == 0   ? "full"
+                             : policy == 1 ? "simd"
+                                           : "any") +
+                 (state.range(2) ? " restarts" : ""));
+}
+BENCHMARK(BM_DctScaling)
+    ->ArgsProduct({{0, 1, 2}, {0, 1, 2}, {0, 1}})
+    ->MinTime(1.0)
+    ->Unit(benchmark::kMicrosecond);
+
+// Finding a file's restart intervals: the scan for markers (a file without a segment index)
+// against reading conveyor-prepare's index, on the 512x384 files with restart markers every 4
+// MCUs (192 intervals). Argument: 0 scan, 1 index.
+void BM_SegmentLayout(benchmark::State& state) {
+  std::vector<std::vector<uint8_t>> files = scaling_files(0, true);
+  if (state.range(0) != 0) {
+    for (auto& f : files) {
+      std::vector<uint8_t> indexed;
+      if (!detail::add_segment_index(f.data(), f.size(), indexed)) {
+        state.SkipWithError("a file could not take a segment index");
+        return;
+      }
+      f = std::move(indexed);
+    }
+  }
+  detail::SegmentLayout layout;
+  size_t i = 0;
+  for (auto _ : state) {
+    const auto& f = files[i++ % files.size()];
+    if (!detail::read_segment_layout(f.data(), f.size(), layout) ||
+        layout.indexed != (state.range(0) != 0)) {
+      state.SkipWithError("unexpected layout");
+      break;
+    }
+    benchmark::DoNotOptimize(layout.ends.data());
+  }
+  state.SetItemsProcessed(state.iterations());
+  state.SetLabel(state.range(0) != 0 ? "index" : "scan");
+}
+BENCHMARK(BM_SegmentLayout)->Arg(0)->Arg(1)->MinTime(0.5)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace conveyor

@@ -119,6 +119,7 @@ RunResult run_torch_loader(const std::string& name, const BenchConfig& config) {
   r.device = device.str();
   Progress progress(name, items->size() * config.epochs, config.progress);
   const double t0 = now_seconds();
+  double last = t0;
   try {
     for (size_t e = 0; e < config.epochs; ++e) {
       for (auto& batch : *loader) {
@@ -134,12 +135,15 @@ RunResult run_torch_loader(const std::string& name, const BenchConfig& config) {
           }
         }
         r.images += static_cast<uint64_t>(images.size(0));
+        const double t = now_seconds();
+        r.batch_ms.push_back((t - last) * 1000.0);
+        last = t;
         progress.update(r.images);
       }
     }
   } catch (const torch::data::WorkerException& e) {
     // The reference's own error (naming it and the file), not torch::data's wrapper around it.
-    progress.finish();
+    progress.finish(r.images);
     std::rethrow_exception(e.original_exception);
   }
   if (device.is_cuda()) (void)torch::zeros({1}, torch::TensorOptions().device(device)).cpu();
@@ -147,7 +151,9 @@ RunResult run_torch_loader(const std::string& name, const BenchConfig& config) {
   r.images_per_s = r.images / r.seconds;
   r.errors = counters->errors;
   r.skipped = counters->skipped;
-  progress.finish();
+  progress.finish(r.images);
+  r.timeline = progress.take_timeline();
+  r.workers = config.workers;
   return r;
 }
 

@@ -10,7 +10,8 @@ export CONVEYOR_CACHE="$tmp/cache"
 fail() { echo "FAIL: $*"; exit 1; }
 
 "$bench" --generate 20 --batch-size 8 --workers 2 --epochs 1 --compare ceiling \
-  --json "$tmp/out.json" >"$tmp/stdout" 2>"$tmp/stderr" || { cat "$tmp/stderr"; fail "bench exited non-zero"; }
+  --json "$tmp/out.json" --plot "$tmp/plot.svg" >"$tmp/stdout" 2>"$tmp/stderr" ||
+  { cat "$tmp/stderr"; fail "bench exited non-zero"; }
 grep -q "images/s" "$tmp/stdout" || fail "no throughput printed"
 for key in images_per_s images epochs batch_size workers errors skipped ceiling_images_per_s; do
   grep -q "\"$key\"" "$tmp/out.json" || fail "JSON lacks $key"
@@ -59,4 +60,32 @@ for expect in '"source": "tar_shards (local)"' '"images": 20,' '"conveyor_folder
   '"conveyor_folder_ratio"' '"conveyor_folder_images_per_s_rounds": ['; do
   grep -qF "$expect" "$tmp/shards.json" || fail "JSON lacks $expect: $(cat "$tmp/shards.json")"
 done
+# --plot: an SVG with the three panels, a line per run, the time split; its figures agree with the
+# JSON's (worker time by stage within the fill time, decode the largest stage).
+python3 - "$tmp/plot.svg" "$tmp/out.json" <<'PY' || fail "plot check failed"
+import json, sys, xml.etree.ElementTree as ET
+svg = ET.parse(sys.argv[1]).getroot()
+ns = "{http://www.w3.org/2000/svg}"
+texts = " ".join(t.text or "" for t in svg.iter(ns + "text"))
+for want in ("Images/s over time", "Per-batch latency", "Where the time goes", "conveyor:",
+             "ceiling:", "decode", "resize, flip, layout", "waiting for a batch", "--plot"):
+    assert want in texts, f"plot lacks {want!r}"
+lines = [p for p in svg.iter(ns + "polyline") if len(p.get("points").split()) >= 2]
+assert len(lines) >= 3, f"expected rate lines for conveyor and ceiling and a latency curve, got {len(lines)}"
+j = json.load(open(sys.argv[2]))
+work = j["time_read_seconds"] + j["time_decode_seconds"] + j["time_transform_seconds"]
+assert j["time_decode_seconds"] > 0 and j["time_transform_seconds"] > 0, j
+assert work <= j["fill_seconds"] * 1.001 + 1e-3, (work, j["fill_seconds"])
+assert j["time_decode_seconds"] > j["time_transform_seconds"], j
+PY
+# .png through rsvg-convert (scripts/setup installs it); another name is refused up front.
+"$bench" --data "$folder" --batch-size 8 --workers 2 --epochs 1 --rounds 1 --plot "$tmp/plot.png" \
+  >"$tmp/stdout" 2>"$tmp/stderr" || fail "--plot FILE.png failed: $(cat "$tmp/stderr")"
+[ "$(head -c 8 "$tmp/plot.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ] ||
+  fail "--plot FILE.png did not write a PNG"
+[ ! -e "$tmp/plot.png.tmp.svg" ] || fail "--plot FILE.png left its temporary SVG"
+if "$bench" --data "$folder" --epochs 1 --plot "$tmp/plot.pdf" >"$tmp/stdout" 2>"$tmp/stderr"; then
+  fail "--plot FILE.pdf exited 0"
+fi
+grep -q "FILE.svg or FILE.png" "$tmp/stderr" || fail "--plot FILE.pdf: no clear error: $(cat "$tmp/stderr")"
 echo "conveyor-bench CLI: all checks passed"

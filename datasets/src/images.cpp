@@ -6,6 +6,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -111,6 +112,7 @@ DecodeOptions writer_decode_options(const ImageTransform& t) {
   o.channels = 4;
   o.fast_upsampling = true;
   o.read_orientation = t.exif_orientation;
+  o.dct_scales = t.dct_scales;
   return o;
 }
 
@@ -177,6 +179,7 @@ struct ImageWriter::State {
   std::vector<uint8_t> mirrored;  // size x size RGBX scratch for the flip, reused
   cv::Mat rotated;                // size x size RGBX scratch for EXIF rotations, reused
   int last_scale = 8;
+  ImageWriter::Timing last_timing;
   explicit State(ImageTransform t) : transform(t), decoder(t.limits, writer_decode_options(t)) {
     const size_t bytes = static_cast<size_t>(t.size) * static_cast<size_t>(t.size) * 4;
     scaled.resize(bytes);
@@ -193,10 +196,12 @@ ImageWriter::ImageWriter(ImageWriter&&) noexcept = default;
 ImageWriter& ImageWriter::operator=(ImageWriter&&) noexcept = default;
 const ImageTransform& ImageWriter::transform() const { return state_->transform; }
 int ImageWriter::last_scale() const { return state_->last_scale; }
+ImageWriter::Timing ImageWriter::last_timing() const { return state_->last_timing; }
 
 void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& ctx,
                         std::byte* out) {
   State& s = *state_;
+  const auto started = std::chrono::steady_clock::now();
   const int side = s.transform.size;
   const JpegHeader header = s.decoder.begin(bytes, size);
   const bool swapped = header.orientation >= 5;  // displayed with width and height exchanged
@@ -207,6 +212,14 @@ void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& 
   const DecodedImage image =
       s.decoder.finish_region(src_box.x, src_box.y, src_box.width, src_box.height, side, side);
   s.last_scale = image.scale;
+  const auto decoded = std::chrono::steady_clock::now();
+  s.last_timing.decode = decoded - started;
+  // The rest of write() is the transform, however it returns.
+  struct TransformClock {
+    ImageWriter::Timing& timing;
+    std::chrono::steady_clock::time_point from;
+    ~TransformClock() { timing.transform = std::chrono::steady_clock::now() - from; }
+  } transform_clock{s.last_timing, decoded};
 
   // Decoded RGBX -> size x size RGBX (straight from the decoder's buffer when no resize is
   // needed), upright, flipped if asked, then split into the row's planes or packed as RGB.
@@ -299,6 +312,17 @@ struct ImageSource::Worker {
   std::unique_ptr<detail::ShardReader> shard_reader;  // tar_shards: made on first use
   std::vector<detail::MemberRange> upcoming;          // will_write's members, reused
   std::array<std::atomic<uint64_t>, 9> scales{};
+  // Nanoseconds in write_sample(): reading, decoding, transforming.
+  std::atomic<uint64_t> read_ns{0}, decode_ns{0}, transform_ns{0};
+  // Adds the read time since `from`, and the last write's timing, to the counters.
+  void count(std::chrono::steady_clock::time_point from,
+             std::chrono::steady_clock::time_point read) {
+    const ImageWriter::Timing t = writer.last_timing();
+    read_ns.fetch_add(static_cast<uint64_t>((read - from).count()), std::memory_order_relaxed);
+    decode_ns.fetch_add(static_cast<uint64_t>(t.decode.count()), std::memory_order_relaxed);
+    transform_ns.fetch_add(static_cast<uint64_t>(t.transform.count()), std::memory_order_relaxed);
+    scales[static_cast<size_t>(writer.last_scale())].fetch_add(1, std::memory_order_relaxed);
+  }
   explicit Worker(const ImageTransform& t) : writer(t) {}
 };
 
@@ -421,10 +445,12 @@ void ImageSource::prepare(size_t workers) {
 
 void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* fields) {
   Worker& w = *workers_.at(ctx.worker);
+  const auto started = std::chrono::steady_clock::now();
   if (stream_) {
     const int64_t label = stream_->fetch(ctx.seed, ctx.epoch, ctx.index, w.file);
+    const auto read = std::chrono::steady_clock::now();
     w.writer.write(w.file.data(), w.file.size(), ctx, fields[0]);
-    w.scales[static_cast<size_t>(w.writer.last_scale())].fetch_add(1, std::memory_order_relaxed);
+    w.count(started, read);
     std::memcpy(fields[1], &label, sizeof(int64_t));
     return;
   }
@@ -445,8 +471,9 @@ void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* field
     data = memory_[ctx.index].data();
     size = memory_[ctx.index].size();
   }
+  const auto read = std::chrono::steady_clock::now();
   w.writer.write(data, size, ctx, fields[0]);
-  w.scales[static_cast<size_t>(w.writer.last_scale())].fetch_add(1, std::memory_order_relaxed);
+  w.count(started, read);
   std::memcpy(fields[1], &item.label, sizeof(int64_t));
 }
 
@@ -470,6 +497,17 @@ std::vector<uint64_t> ImageSource::scale_histogram() const {
     for (size_t i = 0; i < 9; ++i) h[i] += w->scales[i].load(std::memory_order_relaxed);
   }
   return h;
+}
+
+ImageSource::WorkTime ImageSource::work_time() const {
+  WorkTime t;
+  for (const auto& w : workers_) {
+    t.read_seconds += 1e-9 * static_cast<double>(w->read_ns.load(std::memory_order_relaxed));
+    t.decode_seconds += 1e-9 * static_cast<double>(w->decode_ns.load(std::memory_order_relaxed));
+    t.transform_seconds +=
+        1e-9 * static_cast<double>(w->transform_ns.load(std::memory_order_relaxed));
+  }
+  return t;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -321,8 +321,8 @@ struct JpegDecoder::State {
 
     int scale = 8;
     for (int m = 1; m <= 8; ++m) {
-      // 1/8, 2/8, 4/8 and 8/8 are the sizes libjpeg-turbo has SIMD IDCTs for (see jpeg.h).
-      if (!options.any_scale && (m & (m - 1)) != 0) continue;
+      // By default 1/8, 2/8, 4/8 and 8/8: the sizes libjpeg-turbo has SIMD IDCTs for (jpeg.h).
+      if (m < 8 && !options.any_scale && (options.dct_scales >> m & 1u) == 0) continue;
       if (ceil_div(static_cast<long long>(width) * m, 8) >= min_width &&
           ceil_div(static_cast<long long>(height) * m, 8) >= min_height) {
         scale = m;

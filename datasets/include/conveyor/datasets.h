@@ -91,6 +91,8 @@ struct ImageTransform {
   // Honour the EXIF orientation tag: the crop is chosen in, and the output shows, the upright
   // image. Off by default, as torchvision's decode_jpeg and PIL's open leave it to the caller.
   bool exif_orientation = false;
+  // The DCT scales the crop may be decoded at before the resize (DecodeOptions::dct_scales).
+  unsigned dct_scales = kSimdDctScales;
 
   static ImageTransform train(int size = 224);
   static ImageTransform eval(int size = 224, int resize = 256);
@@ -119,6 +121,13 @@ class ImageWriter {
   const ImageTransform& transform() const;
   // The DCT scale numerator (of 8) used by the last write, for statistics.
   int last_scale() const;
+  // Where the last write's time went, for statistics: the JPEG decode of the crop (header,
+  // entropy decoding, IDCT, color conversion), and the rest (resize, EXIF rotation, flip, layout).
+  struct Timing {
+    std::chrono::nanoseconds decode{0};
+    std::chrono::nanoseconds transform{0};
+  };
+  Timing last_timing() const;
 
  private:
   struct State;
@@ -248,6 +257,16 @@ class ImageSource : public SampleSource {
   const ImageTransform& transform() const { return transform_; }
   // Samples decoded at each DCT scale numerator 1..8 (index 0 unused), summed over workers.
   std::vector<uint64_t> scale_histogram() const;
+  // Worker time spent in write_sample() so far, by stage, summed over workers: reading the bytes
+  // (a file, a shard member, an HTTP request, the stream), decoding them, and the transform after
+  // the decode (ImageWriter::Timing). Two clock reads per stage per sample; may be read from any
+  // thread while workers run.
+  struct WorkTime {
+    double read_seconds = 0;
+    double decode_seconds = 0;
+    double transform_seconds = 0;
+  };
+  WorkTime work_time() const;
 
  private:
   ImageSource(std::vector<ImageItem> items, std::vector<std::string> classes,

@@ -42,6 +42,11 @@ struct DecodeLimits {
   uint64_t max_pixels = 100'000'000;  // width x height above this is rejected (decompression bomb)
 };
 
+// DecodeOptions::dct_scales masks: bit M allows the scale M/8.
+constexpr unsigned kFullDctScale = 1u << 8;
+constexpr unsigned kSimdDctScales = 1u << 1 | 1u << 2 | 1u << 4 | kFullDctScale;
+constexpr unsigned kAllDctScales = 0x1FEu;
+
 // How a JpegDecoder decodes; fixed for its lifetime.
 struct DecodeOptions {
   // 3: RGB pixels. 4: RGBX pixels (the fourth byte is unspecified), which OpenCV resizes and
@@ -50,7 +55,12 @@ struct DecodeOptions {
   // Upsample subsampled chroma by replication (libjpeg-turbo's merged upsample + color conversion
   // at 8/8) instead of its triangle filter. Chroma edges move by up to one pixel; cheaper.
   bool fast_upsampling = false;
-  // Consider every DCT scale M/8, M = 1..8, instead of only the SIMD ones (1, 2, 4, 8).
+  // The DCT scales M/8 a region may be decoded at, as a mask of bits 1 << M (8/8 is always
+  // allowed; 0 or kFullDctScale means full scale only, then a resize does all the shrinking).
+  // The default, 1/8, 2/8, 4/8 and 8/8, are the scales libjpeg-turbo has SIMD IDCTs for, chosen
+  // by measurement (BENCHMARKS.md, "DCT scaling").
+  unsigned dct_scales = kSimdDctScales;
+  // Consider every DCT scale M/8, M = 1..8 (overrides dct_scales).
   bool any_scale = false;
   // Read the EXIF orientation tag (APP1) into JpegHeader::orientation; otherwise it is 1.
   bool read_orientation = false;
