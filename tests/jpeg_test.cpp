@@ -175,6 +175,38 @@ TEST(JpegDecoder, PhotoLikeImagesAreAsLargeAsPhotos) {
   EXPECT_LT(total / 8, 200'000u);
 }
 
+// DecodeOptions::dct_scales limits the scales: full scale only, or a chosen set (8/8 always).
+TEST(JpegDecoder, TheDctScaleMaskLimitsTheScalesADecodeMayUse) {
+  auto jpeg = make_photo_jpeg(480, 360, 13);
+  DecodeOptions full_only;
+  full_only.dct_scales = kFullDctScale;
+  JpegDecoder full({}, full_only);
+  DecodedImage img = full.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 60, 45);
+  EXPECT_EQ(img.scale, 8) << "1/8 would cover 60x45, but only 8/8 is allowed";
+  EXPECT_EQ(img.width, 480);
+  DecodeOptions two_and_six;
+  two_and_six.dct_scales = 1u << 2 | 1u << 6;
+  JpegDecoder chosen({}, two_and_six);
+  img = chosen.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 60, 45);
+  EXPECT_EQ(img.scale, 2) << "the smallest allowed scale that covers 60x45";
+  EXPECT_EQ(img.width, 120);
+  img = chosen.decode_region(jpeg.data(), jpeg.size(), 0, 0, 480, 360, 224, 224);
+  EXPECT_EQ(img.scale, 6) << "2/8 gives 90 rows; 6/8 gives 270";
+  EXPECT_EQ(img.height, 270);
+  // ImageWriter passes ImageTransform::dct_scales on: a 224 crop of a 2048x1536 photo at 8/8
+  // only, and at 2/8 or 4/8 by default.
+  auto big = make_photo_jpeg(2048, 1536, 3);
+  ImageTransform t = ImageTransform::eval(224, 256);
+  std::vector<std::byte> out(3 * 224 * 224);
+  ImageWriter by_default(t);
+  by_default.write(big.data(), big.size(), SampleContext{}, out.data());
+  EXPECT_EQ(by_default.last_scale(), 2) << "the 1344 px center box at 2/8 is 336 >= 224";
+  t.dct_scales = kFullDctScale;
+  ImageWriter full_scale(t);
+  full_scale.write(big.data(), big.size(), SampleContext{}, out.data());
+  EXPECT_EQ(full_scale.last_scale(), 8);
+}
+
 TEST(JpegDecoder, RegionDecodeMatchesTheSameRegionOfAFullDecode) {
   auto jpeg = make_photo_jpeg(500, 375, 11);
   Reference full = tj_decode(jpeg);
