@@ -188,7 +188,7 @@ TEST(JpegSegments, TheStoredIndexGivesTheScansLayoutAndADamagedOneIsIgnored) {
   std::vector<uint8_t> with_index;
   ASSERT_TRUE(detail::add_segment_index(file.data(), file.size(), with_index));
   const size_t added = with_index.size() - file.size();
-  EXPECT_EQ(added, 4 + 18 + 1 + 4 + 4 * scanned.ends.size());
+  EXPECT_EQ(added, 4 + 18 + 1 + 4 + 2 * scanned.ends.size());
   ASSERT_TRUE(detail::read_segment_layout(with_index.data(), with_index.size(), indexed));
   EXPECT_TRUE(indexed.indexed);
   ASSERT_EQ(indexed.ends.size(), scanned.ends.size());

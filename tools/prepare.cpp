@@ -64,9 +64,9 @@ DST   --format wds: the shards' prefix. Writes DST-000000.tar, DST-000001.tar, .
                     the intervals tile each MCU row (for crop-proportional decoding). Each
                     rewrite is decoded and compared with the input's pixels; one that differs
                     counts as undecodable. Each file also gets a segment index (an APP15
-                    marker segment listing where every interval ends, up to 16,377 intervals),
-                    so that loading never scans for the markers. The summary gives the size
-                    change and how many files got an index.
+                    marker segment listing every interval's length: up to 32,755 intervals of
+                    at most 64 kB), so that loading never scans for the markers. The summary
+                    gives the size change and how many files got an index.
 
 Progress goes to stderr (a line per shard, or every few seconds); the summary line to stdout.
 Shards from an earlier run with more shards are not removed; the index lists the current ones.

@@ -32,13 +32,13 @@ bool read_index(const uint8_t* data, size_t size, size_t segments, SegmentLayout
   const uint8_t* body = data + layout.index_offset + 4;
   const size_t body_size = layout.index_end - layout.index_offset - 4;
   const size_t n = u32(body + kIndexIdSize + 1);
-  if (n != segments || body_size != kIndexHeader + 4 * n) return false;
+  if (n != segments || body_size != kIndexHeader + 2 * n) return false;
   const uint8_t* entry = body + kIndexHeader;
   size_t start = layout.scan_data;
-  for (size_t k = 0; k < n; ++k, entry += 4) {
-    const size_t end = u32(entry);
+  for (size_t k = 0; k < n; ++k, entry += 2) {
+    const size_t end = start + word(entry);
     const uint8_t expected = k + 1 < n ? static_cast<uint8_t>(0xD0 + k % 8) : 0xD9;
-    if (end < start || end + 1 >= size || data[end] != 0xFF || data[end + 1] != expected) {
+    if (end + 1 >= size || data[end] != 0xFF || data[end + 1] != expected) {
       layout.starts.clear();
       layout.ends.clear();
       return false;
@@ -208,7 +208,10 @@ bool add_segment_index(const uint8_t* data, size_t size, std::vector<uint8_t>& o
   if (!read_segment_layout(data, size, layout) || layout.index_end != 0) return false;
   const size_t n = layout.ends.size();
   if (n == 0 || n > kMaxIndexedSegments) return false;
-  const size_t marker_size = 4 + kIndexHeader + 4 * n;
+  for (size_t k = 0; k < n; ++k) {
+    if (layout.ends[k] - layout.starts[k] > 0xFFFF) return false;  // a 16-bit length each
+  }
+  const size_t marker_size = 4 + kIndexHeader + 2 * n;
   if (size + marker_size > UINT32_MAX) return false;
   out.clear();
   out.reserve(size + marker_size);
@@ -220,8 +223,11 @@ bool add_segment_index(const uint8_t* data, size_t size, std::vector<uint8_t>& o
   out.insert(out.end(), kIndexId, kIndexId + kIndexIdSize);
   out.push_back(kIndexVersion);
   put_u32(out, static_cast<uint32_t>(n));
-  // Everything from the frame header on moves by the marker segment's size.
-  for (uint32_t end : layout.ends) put_u32(out, static_cast<uint32_t>(end + marker_size));
+  for (size_t k = 0; k < n; ++k) {
+    const uint32_t length = layout.ends[k] - layout.starts[k];
+    out.push_back(static_cast<uint8_t>(length >> 8));
+    out.push_back(static_cast<uint8_t>(length));
+  }
   out.insert(out.end(), data + layout.sof_offset, data + size);
   return true;
 }

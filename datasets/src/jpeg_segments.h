@@ -14,8 +14,9 @@
 // The segment index: conveyor-prepare --restart stores where every interval ends in an APP15
 // marker segment (add_segment_index), so that nothing is scanned at load time. Its body is
 // "CONVEYOR-SEGMENTS\0", a version byte (1), the number of intervals n (32-bit big-endian), then
-// for each interval k the file offset of the marker that ends it (RST for k < n-1, EOI for the
-// last), 32-bit big-endian. read_segment_layout() trusts an index only when every offset holds
+// for each interval k its length in bytes, 16-bit big-endian: interval 0 starts where the scan's
+// data does, the marker that ends interval k (RST for k < n-1, EOI for the last) is at its start
+// plus its length, and interval k+1 starts 2 bytes later. read_segment_layout() trusts an index only when every offset holds
 // the marker it should, in order, and the count is the file's; otherwise it scans the file, as
 // for files without one. Other readers skip APP15 segments.
 // Thread safety: pure functions.
@@ -51,11 +52,12 @@ struct SegmentLayout {
 bool read_segment_layout(const uint8_t* data, size_t size, SegmentLayout& layout);
 
 // The most intervals one index marker segment can list.
-constexpr size_t kMaxIndexedSegments = (65535 - 2 - 18 - 1 - 4) / 4;
+constexpr size_t kMaxIndexedSegments = (65535 - 2 - 18 - 1 - 4) / 2;
 
 // Writes to `out` the file `data` with a segment index inserted before its frame header. False
-// (and `out` unspecified) when the file cannot be segmented, already has an index, or has more
-// than kMaxIndexedSegments intervals; then the file is used as it is and scanned at load time.
+// (and `out` unspecified) when the file cannot be segmented, already has an index, has more than
+// kMaxIndexedSegments intervals or one longer than 65,535 bytes; then the file is used as it is
+// and scanned at load time.
 bool add_segment_index(const uint8_t* data, size_t size, std::vector<uint8_t>& out);
 
 // Writes to `out` (reusing its capacity) the JPEG of MCU columns [c0, c1) and rows [r0, r1):
