@@ -2,8 +2,13 @@
 // timeouts, slot-reuse safety and bounded memory.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
+#include <atomic>
+#include <functional>
 #include <map>
+#include <memory>
 #include <numeric>
 
 #include "test_support.h"
@@ -619,22 +624,65 @@ TEST(LoaderGpu, ConsumerStreamIsOrderedAfterTheCopy) {
   EXPECT_EQ(batch, 8u);
 }
 
-// CopyCompletion::kEventThread: the engine's own thread hands slots back after each batch's
-// event. Few slots and slow copies, so that every slot is reused many times: a slot handed back
-// before its copy finished would show as wrong bytes.
-TEST(LoaderGpu, EventThreadCompletionDeliversTheSameBytesThroughFewSlots) {
+// CopyCompletion::kEventThread, through a wrapper that checks every hand-back: it must come after
+// the slot's copy has completed (the slot's event, recorded after the copy, has completed), and
+// exactly once per start().
+class CheckedHandBacks final : public CopyEngine {
+ public:
+  struct Counts {
+    std::atomic<int> started{0}, finished{0}, early{0};
+  };
+  CheckedHandBacks(std::unique_ptr<CopyEngine> inner, std::shared_ptr<Counts> counts)
+      : inner_(std::move(inner)), counts_(std::move(counts)) {}
+  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, CudaEvent* event,
+                                std::function<void()> on_finished) override {
+    counts_->started++;
+    cudaEvent_t slot_event = event != nullptr ? event->native_handle() : nullptr;
+    // The event thread (unlike a host callback) may call CUDA: query the slot's event there.
+    return inner_->start(host, event, [counts = counts_, slot_event, f = std::move(on_finished)] {
+      if (slot_event == nullptr || cudaEventQuery(slot_event) != cudaSuccess) counts->early++;
+      counts->finished++;
+      f();
+    });
+  }
+  void make_visible(std::vector<at::Tensor>& device, CudaEvent* event) override {
+    inner_->make_visible(device, event);
+  }
+  c10::Device device() const override { return inner_->device(); }
+  void check() override { inner_->check(); }
+
+ private:
+  std::unique_ptr<CopyEngine> inner_;
+  std::shared_ptr<Counts> counts_;
+};
+
+// Few slots, slow copies, and a consumer that keeps the batches and checks them only at the end,
+// so that it runs ahead and every slot is refilled as soon as it is handed back: a slot handed
+// back before its copy finished would show as wrong bytes, and as an early hand-back.
+TEST(LoaderGpu, EventThreadCompletionHandsEachSlotBackOnceAfterItsCopy) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine";
   LoaderOptions o;
   o.batch_size = 32;
   o.workers = 2;
-  o.slots = 3;
-  o.prefetch_factor = 1;
+  o.slots = 4;
+  o.prefetch_factor = 2;
+  o.timeout = std::chrono::seconds(30);  // a lost hand-back fails instead of hanging
   o.device = c10::Device("cuda:0");
+  auto counts = std::make_shared<CheckedHandBacks::Counts>();
   auto source = std::make_shared<PatternSource>(32 * 24, 1 << 20);  // 32 MiB per batch
-  DataLoader loader(source, o, RandomSampler::make(4),
-                    make_cuda_copy_engine(o.device, CopyCompletion::kEventThread));
-  size_t batches = 0;
-  for (Batch& b : loader) {
+  std::vector<Batch> batches;
+  {
+    DataLoader loader(source, o, RandomSampler::make(4),
+                      std::make_unique<CheckedHandBacks>(
+                          make_cuda_copy_engine(o.device, CopyCompletion::kEventThread), counts));
+    for (Batch& b : loader) batches.push_back(b);
+  }
+  EXPECT_EQ(counts->early.load(), 0);
+  EXPECT_EQ(counts->finished.load(), counts->started.load());
+  EXPECT_GE(counts->started.load(), 24);
+  ASSERT_EQ(batches.size(), 24u);
+  for (size_t n = 0; n < batches.size(); ++n) {
+    const Batch& b = batches[n];
     ASSERT_TRUE(b.images().is_cuda());
     at::Tensor images = b.images().cpu();
     at::Tensor labels = b.labels().cpu();
@@ -644,32 +692,40 @@ TEST(LoaderGpu, EventThreadCompletionDeliversTheSameBytesThroughFewSlots) {
       for (int64_t offset : {int64_t{0}, int64_t{4099}, int64_t{(1 << 20) - 1}}) {
         ASSERT_EQ(images[row][offset].item<uint8_t>(),
                   PatternSource::pattern_byte(index, static_cast<size_t>(offset)))
-            << "batch " << batches << " row " << row;
+            << "batch " << n << " row " << row;
       }
     }
-    ++batches;
   }
-  EXPECT_EQ(batches, 24u);
 }
 
+// Breaking out of an epoch, starting another and destroying the loader with copies queued: every
+// started copy is handed back exactly once, none early, and nothing hangs.
 TEST(LoaderGpu, EventThreadCompletionSurvivesBreakingOutAndDestroyingMidEpoch) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine";
   LoaderOptions o;
   o.batch_size = 16;
   o.workers = 3;
+  o.timeout = std::chrono::seconds(30);
   o.device = c10::Device("cuda:0");
   auto source = std::make_shared<PatternSource>(16 * 40, 1 << 18);
   for (int attempt = 0; attempt < 5; ++attempt) {
-    DataLoader loader(source, o, RandomSampler::make(static_cast<uint64_t>(attempt)),
-                      make_cuda_copy_engine(o.device, CopyCompletion::kEventThread));
-    size_t seen = 0;
-    for (Batch& b : loader) {
-      EXPECT_TRUE(b.images().is_cuda());
-      if (++seen == static_cast<size_t>(2 + attempt)) break;  // copies still in flight
+    auto counts = std::make_shared<CheckedHandBacks::Counts>();
+    {
+      DataLoader loader(source, o, RandomSampler::make(static_cast<uint64_t>(attempt)),
+                        std::make_unique<CheckedHandBacks>(
+                            make_cuda_copy_engine(o.device, CopyCompletion::kEventThread), counts));
+      size_t seen = 0;
+      for (Batch& b : loader) {
+        EXPECT_TRUE(b.images().is_cuda());
+        if (++seen == static_cast<size_t>(2 + attempt)) break;  // copies still in flight
+      }
+      auto it = loader.begin();  // a second epoch, abandoned after one batch
+      ASSERT_NE(it, loader.end());
     }
-    auto it = loader.begin();  // a second epoch, abandoned after one batch
-    ASSERT_NE(it, loader.end());
-  }  // each loader is destroyed with copies queued: no hang, no leak (memcheck in gpu-check)
+    EXPECT_EQ(counts->early.load(), 0) << "attempt " << attempt;
+    EXPECT_EQ(counts->finished.load(), counts->started.load()) << "attempt " << attempt;
+    EXPECT_GT(counts->started.load(), 0) << "attempt " << attempt;
+  }
 }
 
 }  // namespace

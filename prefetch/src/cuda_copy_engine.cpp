@@ -123,7 +123,14 @@ class HostCallbackCopyEngine final : public CudaCopyEngine {
 
  private:
   void hand_back_when_done(std::function<void()> on_finished) override {
-    auto payload = std::make_unique<std::function<void()>>(std::move(on_finished));
+    std::unique_ptr<std::function<void()>> payload;
+    try {
+      payload = std::make_unique<std::function<void()>>(std::move(on_finished));
+    } catch (...) {  // the allocation failed before on_finished was moved
+      cudaStreamSynchronize(stream_.stream());
+      on_finished();
+      throw;
+    }
     const cudaError_t err = cudaLaunchHostFunc(stream_.stream(), run_finished, payload.get());
     if (err != cudaSuccess) {
       cudaStreamSynchronize(stream_.stream());
@@ -179,6 +186,7 @@ class EventThreadCopyEngine final : public CudaCopyEngine {
     if (event == nullptr) {
       // Blocking sync: the waiting thread sleeps instead of spinning on a core the workers use.
       err = cudaEventCreateWithFlags(&event, cudaEventBlockingSync | cudaEventDisableTiming);
+      if (err != cudaSuccess) event = nullptr;
     }
     if (err == cudaSuccess) err = cudaEventRecord(event, stream_.stream());
     if (err != cudaSuccess) {
@@ -190,32 +198,52 @@ class EventThreadCopyEngine final : public CudaCopyEngine {
       on_finished();
       throw_if_failed(err, "recording the copy's event");
     }
-    {
+    Pending pending{event, std::move(on_finished)};
+    try {
       std::lock_guard<std::mutex> lock(mutex_);
-      pending_.push_back({event, std::move(on_finished)});
+      pending_.push_back(std::move(pending));  // unchanged if it throws
+    } catch (...) {
+      cudaStreamSynchronize(stream_.stream());
+      pending.on_finished();
+      try {
+        std::lock_guard<std::mutex> lock(mutex_);
+        spare_.push_back(event);
+      } catch (...) {
+        cudaEventDestroy(event);
+      }
+      throw;
     }
     wake_.notify_one();
   }
 
   void wait_in_order() {
     (void)cudaSetDevice(device_.index());  // the events belong to this device
+    // This thread's event waits must not invalidate a CUDA graph the user captures meanwhile on
+    // another thread (the default, global mode, forbids that); it never captures itself.
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
       if (pending_.empty()) return;  // stopping, nothing left
-      Pending next = std::move(pending_.front());
+      cudaEvent_t event = pending_.front().event;
+      std::function<void()> on_finished = std::move(pending_.front().on_finished);
       pending_.pop_front();
       lock.unlock();
-      // On an error the copy cannot read the slot any more either: hand it back, and let
-      // check() report the error to the loader.
-      const cudaError_t err = cudaEventSynchronize(next.event);
-      try {
-        next.on_finished();
-      } catch (const std::exception& e) {  // the contract says it does not throw; say so if it did
-        std::fprintf(stderr, "conveyor: copy-finished hand-back failed: %s\n", e.what());
+      cudaError_t err = cudaEventSynchronize(event);
+      if (err != cudaSuccess) {
+        // The slot goes back only once nothing can read it: the stream has finished (the copy
+        // with it), or the stream itself has failed (a sticky error: the context is lost).
+        err = cudaStreamSynchronize(stream_.stream());
       }
+      try {
+        on_finished();
+      } catch (...) {  // the contract says it does not throw; say so if it did
+        std::fprintf(stderr, "conveyor: copy-finished hand-back threw\n");
+      }
+      on_finished = nullptr;  // its captures are released outside the lock
       lock.lock();
-      spare_.push_back(next.event);
+      spare_.push_back(event);
       if (err != cudaSuccess && failure_ == cudaSuccess) failure_ = err;
     }
   }

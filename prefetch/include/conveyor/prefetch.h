@@ -13,15 +13,16 @@
 // as a CudaEvent* (conveyor/pinned.h), owned by the slot ring; null means no event.
 //
 // Requires: the host tensors passed to start() stay unchanged until on_finished runs; on_finished
-// does not throw (it runs on a CUDA callback thread).
+// does not throw and calls no CUDA function (it runs on a CUDA callback thread, or on the engine's
+// event thread under CopyCompletion::kEventThread).
 // Guarantees: on_finished runs exactly once per start(), after the copy stopped reading the host
 // memory, also when start() throws (then before start() returns). Destroying an engine waits for
 // its outstanding copies and callbacks. resolve_device() refuses a device that cannot be used
 // with std::invalid_argument naming it. This header compiles as C++17 and includes no CUDA header.
 // Thread safety: a CopyEngine's member functions are called from one thread at a time (the
 // loader's consumer thread); an engine need not support concurrent calls. on_finished may run on
-// another thread (a CUDA callback thread). resolve_device(), make_cuda_copy_engine() and
-// normalize_images() may be called from any thread.
+// another thread (a CUDA callback thread, or the engine's event thread). resolve_device(),
+// make_cuda_copy_engine() and normalize_images() may be called from any thread.
 #pragma once
 
 #include <functional>
