@@ -96,9 +96,11 @@ BENCHMARK_DEFINE_F(JpegFiles, DecodeCrop)(benchmark::State& state) {
 }
 BENCHMARK_REGISTER_F(JpegFiles, DecodeCrop)->MinTime(2.0);
 
-BENCHMARK_DEFINE_F(JpegFiles, ImageWriter)(benchmark::State& state) {
-  const auto& all = files;
-  ImageWriter writer(ImageTransform::train(224));
+// Writes the files in turn, one per iteration, each epoch its own crops; counts the DCT scales
+// used into `scales` (9 entries) when given.
+void write_in_turn(benchmark::State& state, ImageWriter& writer,
+                   const std::vector<std::vector<uint8_t>>& all,
+                   std::vector<uint64_t>* scales = nullptr) {
   std::vector<std::byte> out(3 * 224 * 224);
   size_t i = 0;
   for (auto _ : state) {
@@ -106,9 +108,15 @@ BENCHMARK_DEFINE_F(JpegFiles, ImageWriter)(benchmark::State& state) {
     const auto& f = all[k % all.size()];
     SampleContext ctx{0, k % all.size(), 0, k / all.size()};
     writer.write(f.data(), f.size(), ctx, out.data());
+    if (scales != nullptr) ++(*scales)[static_cast<size_t>(writer.last_scale())];
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(state.iterations());
+}
+
+BENCHMARK_DEFINE_F(JpegFiles, ImageWriter)(benchmark::State& state) {
+  ImageWriter writer(ImageTransform::train(224));
+  write_in_turn(state, writer, files);
 }
 BENCHMARK_REGISTER_F(JpegFiles, ImageWriter)->MinTime(2.0);
 
@@ -151,21 +159,11 @@ void BM_DctScaling(benchmark::State& state) {
   ImageTransform t = ImageTransform::train(224);
   t.dct_scales = policy == 0 ? kFullDctScale : policy == 1 ? kSimdDctScales : kAllDctScales;
   ImageWriter writer(t);
-  std::vector<std::byte> out(3 * 224 * 224);
   std::vector<uint64_t> scales(9, 0);
-  size_t i = 0;
-  for (auto _ : state) {
-    const size_t k = i++;
-    const auto& f = all[k % all.size()];
-    SampleContext ctx{0, k % all.size(), 0, k / all.size()};
-    writer.write(f.data(), f.size(), ctx, out.data());
-    ++scales[static_cast<size_t>(writer.last_scale())];
-    benchmark::DoNotOptimize(out.data());
-  }
-  state.SetItemsProcessed(state.iterations());
+  write_in_turn(state, writer, all, &scales);
+  const double n = static_cast<double>(std::max<benchmark::IterationCount>(1, state.iterations()));
   for (int m = 1; m <= 8; ++m) {
-    state.counters["at" + std::to_string(m) + "/8"] =
-        static_cast<double>(scales[m]) / static_cast<double>(std::max<size_t>(1, i));
+    state.counters["at" + std::to_string(m) + "/8"] = static_cast<double>(scales[m]) / n;
   }
   state.SetLabel(std::string(policy == 0   ? "full"
                              : policy == 1 ? "simd"

@@ -33,6 +33,16 @@ std::vector<uint8_t> jpeg(int w, int h, EncodeOptions o, uint64_t seed = 1) {
   return encode_jpeg(rgb.data(), w, h, o);
 }
 
+// The image's rows, packed (no stride padding).
+std::vector<uint8_t> packed_rows(const DecodedImage& image) {
+  std::vector<uint8_t> v;
+  for (int r = 0; r < image.height; ++r) {
+    const uint8_t* row = image.pixels + image.stride * static_cast<size_t>(r);
+    v.insert(v.end(), row, row + static_cast<size_t>(image.width * image.channels));
+  }
+  return v;
+}
+
 EncodeOptions with_restarts(int interval, Color color = Color::kYCbCr, int hs = 2, int vs = 2) {
   EncodeOptions o;
   o.color = color;
@@ -127,14 +137,7 @@ TEST(JpegSegments, RegionsFromSegmentsHaveTheUsualPixels) {
         const int y = static_cast<int>(rng.next() % static_cast<uint64_t>(271 - h + 1));
         const int out = 1 + static_cast<int>(rng.next() % 256);
         const DecodedImage a = plain.decode_region(file.data(), file.size(), x, y, w, h, out, out);
-        const std::vector<uint8_t> expected = [&] {
-          std::vector<uint8_t> v;
-          for (int r = 0; r < a.height; ++r) {
-            const uint8_t* row = a.pixels + a.stride * static_cast<size_t>(r);
-            v.insert(v.end(), row, row + static_cast<size_t>(a.width * a.channels));
-          }
-          return v;
-        }();
+        const std::vector<uint8_t> expected = packed_rows(a);
         const DecodedImage b = cut.decode_region(file.data(), file.size(), x, y, w, h, out, out);
         ASSERT_EQ(a.width, b.width);
         ASSERT_EQ(a.height, b.height);
@@ -209,22 +212,12 @@ TEST(JpegSegments, TheStoredIndexGivesTheScansLayoutAndADamagedOneIsIgnored) {
   JpegDecoder plain({}, plain_options), cut;
   const DecodedImage expected =
       plain.decode_region(file.data(), file.size(), 100, 90, 200, 150, 224, 224);
-  std::vector<uint8_t> want;
-  for (int r = 0; r < expected.height; ++r) {
-    const uint8_t* row = expected.pixels + expected.stride * static_cast<size_t>(r);
-    want.insert(want.end(), row, row + static_cast<size_t>(expected.width * expected.channels));
-  }
+  const std::vector<uint8_t> want = packed_rows(expected);
   const DecodedImage got =
       cut.decode_region(with_index.data(), with_index.size(), 100, 90, 200, 150, 224, 224);
   ASSERT_EQ(got.width, expected.width);
   ASSERT_EQ(got.height, expected.height);
-  for (int r = 0; r < got.height; ++r) {
-    ASSERT_EQ(std::memcmp(want.data() + static_cast<size_t>(r * got.width * got.channels),
-                          got.pixels + got.stride * static_cast<size_t>(r),
-                          static_cast<size_t>(got.width * got.channels)),
-              0)
-        << "row " << r;
-  }
+  EXPECT_EQ(packed_rows(got), want);
 
   // Damage: every kind falls back to the scan, which finds the same intervals.
   const size_t body = scanned.sof_offset + 4;  // the index sits where the frame header was
