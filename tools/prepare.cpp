@@ -61,7 +61,8 @@ DST   --format wds: the shards' prefix. Writes DST-000000.tar, DST-000001.tar, .
 --restart N         rewrite every JPEG losslessly (DCT coefficients kept; baseline Huffman with
                     optimized tables; APP and COM markers, EXIF included, kept) with a restart
                     marker every N MCUs, or the largest divisor of the MCUs per row below N, so
-                    the intervals tile each MCU row (for crop-proportional decoding). Each
+                    the intervals tile each MCU row (for crop-proportional decoding; 1, the
+                    finest cut, was the fastest in BENCHMARKS.md). Each
                     rewrite is decoded and compared with the input's pixels; one that differs
                     counts as undecodable. Each file also gets a segment index (an APP15
                     marker segment listing every interval's length: up to 32,755 intervals of
