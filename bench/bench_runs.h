@@ -117,6 +117,8 @@ class Progress {
 };
 
 double now_seconds();
+// The p-quantile (0..1) of `v`: the element at the rounded index p * (n - 1); 0 when empty.
+double percentile(std::vector<double> v, double p);
 
 // A full-size TurboJPEG decode to interleaved RGB, written the way a user's code handles every
 // JPEG a dataset holds: gray, YCbCr and progressive files decode straight to TJPF_RGB; CMYK and

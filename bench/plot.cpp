@@ -188,12 +188,6 @@ std::vector<std::pair<double, double>> rate_series(
   return out;
 }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size() - 1)))];
-}
-
 void plot_rates(Svg& svg, const std::vector<RunResult>& runs) {
   double t_top = 0, r_top = 0;
   for (const auto& r : runs) {

@@ -16,9 +16,9 @@
 // "CONVEYOR-SEGMENTS\0", a version byte (1), the number of intervals n (32-bit big-endian), then
 // for each interval k its length in bytes, 16-bit big-endian: interval 0 starts where the scan's
 // data does, the marker that ends interval k (RST for k < n-1, EOI for the last) is at its start
-// plus its length, and interval k+1 starts 2 bytes later. read_segment_layout() trusts an index only when every offset holds
-// the marker it should, in order, and the count is the file's; otherwise it scans the file, as
-// for files without one. Other readers skip APP15 segments.
+// plus its length, and interval k+1 starts 2 bytes later. read_segment_layout() trusts an index
+// only when its count is the file's and every interval ends on the marker it should, in order;
+// otherwise it scans the file, as for files without one. Other readers skip APP15 segments.
 // Thread safety: pure functions.
 #pragma once
 
