@@ -1,0 +1,235 @@
+"""Where samples come from: image folders, file lists, JPEG bytes in memory, and WebDataset tar
+shards (local, ``file://`` or ``http(s)://``), all decoded by the engine's C++ workers.
+
+A dataset is a description plus the engine's source. It is not indexed from Python (no
+``__getitem__``): a ``conveyor.DataLoader`` reads it. Each loader gets a source of its own: a
+dataset already serving a live loader is opened again for the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
+
+from . import _C
+from .transforms import Transform, train_transform
+
+__all__ = ["Dataset", "ImageFolder", "FileList", "JpegBytes", "TarShards", "tar_shards",
+           "PatternDataset", "expand_shard_braces"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _transform(transform: Optional[Transform]) -> Transform:
+    if transform is None:
+        return train_transform(224)
+    if not isinstance(transform, Transform):
+        raise ValueError(
+            "conveyor: transform must be a conveyor transform (conveyor.RandomResizedCrop, "
+            "ResizeCenterCrop, Resize), not "
+            f"{type(transform).__module__}.{type(transform).__qualname__}; the engine decodes and "
+            "transforms on its C++ workers, so torchvision transforms do not apply (normalize "
+            "on the device after loading: conveyor.normalize)")
+    return transform
+
+
+class Dataset:
+    """Base of Conveyor's datasets. ``len(ds)`` is its number of samples; ``ds.describe(i)``
+    names sample i (its file)."""
+
+    def __init__(self, make: Callable[[], "_C.Source"], transform: Optional[Transform]) -> None:
+        self._make = make
+        self.transform = transform
+        self._source = make()  # opened now, so that a bad path fails here
+
+    def _claim(self) -> "_C.Source":
+        """The engine source for a new loader: this one, or a fresh one if a live loader holds it."""
+        if self._source.in_use:
+            return self._make()
+        return self._source
+
+    def __len__(self) -> int:
+        return len(self._source)
+
+    def describe(self, index: int) -> str:
+        """The file (or shard member) of sample ``index``."""
+        return self._source.describe(index)
+
+    def __repr__(self) -> str:
+        return f"conveyor.{type(self).__name__}({len(self)} samples, transform={self.transform!r})"
+
+
+class _ImageDataset(Dataset):
+    @property
+    def classes(self) -> List[str]:
+        """Class names, index = label (ImageFolder: the sorted sub-folder names)."""
+        return list(self._source.classes)
+
+    @property
+    def class_to_idx(self) -> dict:
+        return {name: i for i, name in enumerate(self.classes)}
+
+    @property
+    def samples(self) -> List[Tuple[str, int]]:
+        """(path, label) of every sample, in dataset order (as torchvision's ImageFolder)."""
+        return list(self._source.items)
+
+    @property
+    def targets(self) -> List[int]:
+        return [label for _, label in self._source.items]
+
+
+class ImageFolder(_ImageDataset):
+    """``root/<class>/<image>.jpg|jpeg``, as torchvision's ImageFolder: classes are the sorted
+    sub-folder names, labelled 0..K-1, images sorted by name within a class. Items are JPEG files.
+
+        train = conveyor.ImageFolder("/data/imagenet/train",
+                                     transform=conveyor.RandomResizedCrop(224, flip=True))
+    """
+
+    def __init__(self, root: PathLike, transform: Optional[Transform] = None) -> None:
+        self.root = os.fspath(root)
+        t = _transform(transform)
+        super().__init__(lambda: _C.image_folder(self.root, t._cpp), t)
+
+
+class FileList(_ImageDataset):
+    """JPEG files with labels: ``items`` is a list of ``(path, label)`` pairs, or the path of a
+    text file of ``path<TAB>label`` lines (relative paths are relative to that file's folder).
+
+        ds = conveyor.FileList([("/data/a.jpg", 0), ("/data/b.jpg", 3)],
+                               transform=conveyor.ResizeCenterCrop(224))
+    """
+
+    def __init__(self, items: Union[PathLike, Iterable[Tuple[PathLike, int]]],
+                 transform: Optional[Transform] = None) -> None:
+        t = _transform(transform)
+        if isinstance(items, (str, os.PathLike)):
+            self.list_path = os.fspath(items)
+            super().__init__(lambda: _C.file_list(self.list_path, t._cpp), t)
+            return
+        pairs = []
+        for n, entry in enumerate(items):
+            try:
+                path, label = entry
+            except (TypeError, ValueError):
+                raise ValueError(f"conveyor: FileList item {n} must be (path, label), "
+                                 f"not {entry!r}") from None
+            path = os.path.abspath(os.fspath(path))
+            if "\t" in path or "\n" in path:
+                raise ValueError(f"conveyor: FileList item {n}: a path with a tab or newline "
+                                 f"({path!r}) cannot be listed")
+            if isinstance(label, bool) or not isinstance(label, int):
+                raise ValueError(f"conveyor: FileList item {n}: the label must be an int, "
+                                 f"not {label!r}")
+            pairs.append((path, label))
+        if not pairs:
+            raise ValueError("conveyor: FileList got no items")
+        self.list_path = None
+
+        def make() -> "_C.Source":
+            # The engine reads lists from a file; it is read whole when the source is made.
+            with tempfile.NamedTemporaryFile("w", suffix=".tsv", encoding="utf-8") as f:
+                f.writelines(f"{p}\t{label}\n" for p, label in pairs)
+                f.flush()
+                return _C.file_list(f.name, t._cpp)
+
+        super().__init__(make, t)
+
+
+class JpegBytes(_ImageDataset):
+    """Encoded JPEG images held in memory (``bytes`` each) with their labels."""
+
+    def __init__(self, jpegs: Sequence[bytes], labels: Sequence[int],
+                 transform: Optional[Transform] = None) -> None:
+        t = _transform(transform)
+        jpegs = [bytes(j) for j in jpegs]
+        labels = [int(label) for label in labels]
+        if len(jpegs) != len(labels):
+            raise ValueError(f"conveyor: JpegBytes got {len(jpegs)} images but "
+                             f"{len(labels)} labels")
+        super().__init__(lambda: _C.in_memory(jpegs, labels, t._cpp), t)
+
+
+def _dist_rank_world() -> Optional[Tuple[int, int]]:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch without distributed
+        return None
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+class TarShards(_ImageDataset):
+    """WebDataset tar shards (``KEY.jpg`` + ``KEY.cls``; what ``conveyor-prepare --format wds``
+    writes). See :func:`tar_shards`."""
+
+    def __init__(self, shards: Union[str, Sequence[str]], transform: Optional[Transform] = None,
+                 *, streaming: bool = False, index: Optional[str] = None,
+                 shuffle_buffer: int = 1000, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, epoch_samples: int = 0, retries: int = 4,
+                 backoff: Tuple[float, float] = (0.1, 2.0), request_timeout: float = 30.0,
+                 connect_timeout: float = 5.0, requests_in_flight: int = 4) -> None:
+        t = _transform(transform)
+        if isinstance(shards, (str, os.PathLike)):
+            shards = [os.fspath(shards)]
+        self.shards = [os.fspath(s) for s in shards]
+        if not self.shards:
+            raise ValueError("conveyor: tar_shards got no shards")
+        if (rank is None) != (world_size is None):
+            raise ValueError("conveyor: tar_shards: give both rank and world_size, or neither")
+        if rank is None:
+            rank, world_size = (_dist_rank_world() or (0, 1)) if streaming else (0, 1)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"conveyor: tar_shards: rank {rank} is outside world_size "
+                             f"{world_size}")
+        self.streaming = bool(streaming)
+        self.rank, self.world_size = rank, world_size
+        for name, value in (("request_timeout", request_timeout),
+                            ("connect_timeout", connect_timeout)):
+            if not value > 0:
+                raise ValueError(f"conveyor: tar_shards: {name} must be > 0 seconds, "
+                                 f"not {value!r}")
+        args = (self.shards, t._cpp, index or "", self.streaming, int(shuffle_buffer), rank,
+                world_size, int(epoch_samples), int(retries), float(backoff[0]),
+                float(backoff[1]), float(request_timeout), float(connect_timeout),
+                int(requests_in_flight))
+        super().__init__(lambda: _C.tar_shards(*args), t)
+
+
+def tar_shards(shards: Union[str, Sequence[str]], transform: Optional[Transform] = None,
+               **options) -> TarShards:
+    """WebDataset tar shards: local paths, ``file://`` or ``http(s)://`` URLs, each possibly in
+    brace notation (``"train-{000000..000041}.tar"``).
+
+    Random access (the default, where ``PREFIX.index.json`` lies beside the shards or ``index=``
+    names it): one ranged read per sample, so shuffling, resume and DistributedSampler work as
+    for a folder. ``streaming=True`` (or shards without an index) reads whole shards in order
+    through a shuffle buffer of ``shuffle_buffer`` samples, split over ``rank``/``world_size``
+    (from torch.distributed when initialized); use the loader's default sequential order then.
+
+    HTTP: ``retries`` (4) with exponential ``backoff`` (0.1 s .. 2 s), a deadline on every
+    request (``request_timeout``, 30 s; ``connect_timeout``, 5 s), ``requests_in_flight`` (4)
+    ranged reads per worker at once.
+    """
+    return TarShards(shards, transform, **options)
+
+
+class PatternDataset(Dataset):
+    """Synthetic samples of a deterministic byte pattern (an "image" of ``sample_bytes`` bytes
+    and the index as "label"), for measuring the engine's own overhead and for tests."""
+
+    def __init__(self, size: int, sample_bytes: int = 3 * 224 * 224) -> None:
+        super().__init__(lambda: _C.pattern_source(int(size), int(sample_bytes)), None)
+
+    @staticmethod
+    def pattern_byte(index: int, offset: int) -> int:
+        """The byte sample ``index`` holds at ``offset``."""
+        return _C.pattern_byte(index, offset)
+
+
+def expand_shard_braces(pattern: str) -> List[str]:
+    """WebDataset's brace notation: ``"a-{000..002}.tar"`` -> a-000.tar, a-001.tar, a-002.tar."""
+    return list(_C.expand_shard_braces(pattern))

@@ -1,0 +1,158 @@
+"""How each JPEG becomes a fixed-size uint8 RGB tensor row: decode, crop, resize, flip, layout.
+
+These describe the engine's C++ transform (conveyor::ImageTransform); the work is done on the
+loader's worker threads, decoding only the crop a sample needs at the smallest DCT scale that
+covers its output. They are not callables on tensors: pass one to a dataset.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence, Tuple, Union
+
+from . import _C
+
+__all__ = ["Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize",
+           "train_transform", "eval_transform", "SIMD_DCT_SCALES", "FULL_DCT_SCALE",
+           "ALL_DCT_SCALES"]
+
+#: DCT scales a crop may be decoded at (bit M allows M/8): 1/8, 2/8, 4/8, 8/8 (the default).
+SIMD_DCT_SCALES: int = _C.SIMD_DCT_SCALES
+#: Full-scale decodes only; the resize does all the shrinking.
+FULL_DCT_SCALE: int = _C.FULL_DCT_SCALE
+#: Every scale 1/8 .. 8/8.
+ALL_DCT_SCALES: int = _C.ALL_DCT_SCALES
+
+
+def _pair(value, name: str) -> Tuple[float, float]:
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"conveyor: {name} must be a pair (min, max), not {value!r}") from None
+    if not low <= high:
+        raise ValueError(f"conveyor: {name} must have min <= max, not {value!r}")
+    return low, high
+
+
+def _size(value, name: str = "size") -> int:
+    if isinstance(value, (tuple, list)):
+        if len(value) == 1 or (len(value) == 2 and value[0] == value[1]):
+            value = value[0]
+        else:
+            raise ValueError(f"conveyor: {name} must be square (one int), not {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"conveyor: {name} must be a positive int, not {value!r}")
+    return value
+
+
+class Transform:
+    """Base of the image transforms. ``layout`` is "CHW" (images [B,3,S,S], as torchvision)
+    or "HWC" ([B,S,S,3]); ``exif_orientation`` makes the output show the upright image (off by
+    default, as PIL's open and torchvision's decode_jpeg); ``max_pixels`` refuses larger images
+    (decompression bombs) before decoding; ``dct_scales`` is the mask of DCT scales a crop may be
+    decoded at (SIMD_DCT_SCALES by default)."""
+
+    _mode = ""
+
+    def __init__(self, size, *, resize: int = 256, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
+                 flip: Union[bool, float] = False, layout: str = "CHW",
+                 exif_orientation: bool = False, max_pixels: int = 100_000_000,
+                 dct_scales: int = SIMD_DCT_SCALES) -> None:
+        self.size = _size(size)
+        self.resize = _size(resize, "resize")
+        self.scale = _pair(scale, "scale")
+        self.ratio = _pair(ratio, "ratio")
+        if isinstance(flip, bool):
+            self.flip = 0.5 if flip else 0.0
+        elif isinstance(flip, (int, float)) and 0.0 <= flip <= 1.0:
+            self.flip = float(flip)
+        else:
+            raise ValueError(f"conveyor: flip must be a bool or a probability in [0, 1], "
+                             f"not {flip!r}")
+        if layout not in ("CHW", "HWC"):
+            raise ValueError(f"conveyor: layout must be 'CHW' or 'HWC', not {layout!r}")
+        self.layout = layout
+        self.exif_orientation = bool(exif_orientation)
+        self.max_pixels = int(max_pixels)
+        self.dct_scales = int(dct_scales)
+        self._cpp = _C.make_transform(self._mode, self.size, self.resize, self.scale[0],
+                                      self.scale[1], self.ratio[0], self.ratio[1], self.flip,
+                                      self.layout, self.exif_orientation, self.max_pixels,
+                                      self.dct_scales)
+
+    @property
+    def output_shape(self) -> Tuple[int, int, int]:
+        """One image's shape: (3, size, size) for CHW, (size, size, 3) for HWC."""
+        s = self.size
+        return (3, s, s) if self.layout == "CHW" else (s, s, 3)
+
+    def __repr__(self) -> str:
+        return (f"conveyor.{type(self).__name__}(size={self.size}, flip={self.flip}, "
+                f"layout={self.layout!r})")
+
+
+class RandomResizedCrop(Transform):
+    """torchvision's ``RandomResizedCrop(size, scale, ratio)`` (bilinear), with an optional
+    horizontal flip (``flip=True`` flips half the images, as ``RandomHorizontalFlip()``; a float
+    is the probability). The crop of sample i in epoch e is a pure function of (loader seed, e,
+    i): the same for any number of workers, and again after a resume.
+
+        conveyor.RandomResizedCrop(224, flip=True)             # the usual training transform
+        conveyor.RandomResizedCrop(224, scale=(0.35, 1), flip=True, layout="HWC")
+    """
+
+    _mode = "random_resized_crop"
+
+    def __init__(self, size, scale: Sequence[float] = (0.08, 1.0),
+                 ratio: Sequence[float] = (3 / 4, 4 / 3), *, flip: Union[bool, float] = False,
+                 layout: str = "CHW", exif_orientation: bool = False,
+                 max_pixels: int = 100_000_000, dct_scales: int = SIMD_DCT_SCALES) -> None:
+        super().__init__(size, scale=scale, ratio=ratio, flip=flip, layout=layout,
+                         exif_orientation=exif_orientation, max_pixels=max_pixels,
+                         dct_scales=dct_scales)
+
+    def __repr__(self) -> str:
+        return (f"conveyor.RandomResizedCrop({self.size}, scale={self.scale}, "
+                f"ratio={tuple(round(r, 4) for r in self.ratio)}, flip={self.flip}, "
+                f"layout={self.layout!r})")
+
+
+class ResizeCenterCrop(Transform):
+    """The evaluation transform: torchvision's ``Resize(resize)`` (the shorter side) then
+    ``CenterCrop(size)``.
+
+        conveyor.ResizeCenterCrop(224, resize=256)
+    """
+
+    _mode = "resize_center_crop"
+
+    def __init__(self, size=224, resize: int = 256, *, layout: str = "CHW",
+                 exif_orientation: bool = False, max_pixels: int = 100_000_000,
+                 dct_scales: int = SIMD_DCT_SCALES) -> None:
+        super().__init__(size, resize=resize, layout=layout, exif_orientation=exif_orientation,
+                         max_pixels=max_pixels, dct_scales=dct_scales)
+
+    def __repr__(self) -> str:
+        return f"conveyor.ResizeCenterCrop({self.size}, resize={self.resize}, layout={self.layout!r})"
+
+
+class Resize(Transform):
+    """The whole image resized to size x size, aspect not kept: torchvision's
+    ``Resize((size, size))``."""
+
+    _mode = "resize"
+
+    def __init__(self, size, *, layout: str = "CHW", exif_orientation: bool = False,
+                 max_pixels: int = 100_000_000, dct_scales: int = SIMD_DCT_SCALES) -> None:
+        super().__init__(size, layout=layout, exif_orientation=exif_orientation,
+                         max_pixels=max_pixels, dct_scales=dct_scales)
+
+
+def train_transform(size: int = 224, **kwargs) -> RandomResizedCrop:
+    """``RandomResizedCrop(size, flip=True)``: the ImageNet training transform."""
+    kwargs.setdefault("flip", True)
+    return RandomResizedCrop(size, **kwargs)
+
+
+def eval_transform(size: int = 224, resize: int = 256, **kwargs) -> ResizeCenterCrop:
+    """``ResizeCenterCrop(size, resize)``: the ImageNet evaluation transform."""
+    return ResizeCenterCrop(size, resize, **kwargs)

@@ -1,0 +1,502 @@
+// conveyor._C: the engine's DataLoader, image sources, transforms and helpers for Python. The
+// Python package (python/conveyor) builds its public classes on these; nothing here decodes,
+// schedules or copies anything itself.
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bindings.h"
+
+namespace conveyor::python {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+void set_sample_error(const SampleError& error) {
+  std::string reason;
+  if (error.original()) {
+    try {
+      error.rethrow_original();
+    } catch (const std::exception& original) {
+      reason = original.what();
+    } catch (...) {
+      reason = "an exception that is not a std::exception";
+    }
+  }
+  const py::object type = py::module_::import("conveyor._errors").attr("SampleError");
+  const py::object value = type(error.what(), error.index(), error.path(), reason);
+  PyErr_SetObject(type.ptr(), value.ptr());
+}
+
+void translate_exception(std::exception_ptr thrown) {
+  try {
+    if (thrown) std::rethrow_exception(thrown);
+  } catch (const SampleError& error) {
+    set_sample_error(error);
+  } catch (const TimeoutError& error) {
+    PyErr_SetString(PyExc_TimeoutError, error.what());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transforms
+
+ImageTransform make_transform(const std::string& mode, int size, int resize, double scale_min,
+                              double scale_max, double ratio_min, double ratio_max,
+                              double flip_probability, const std::string& layout,
+                              bool exif_orientation, uint64_t max_pixels, unsigned dct_scales) {
+  ImageTransform t;
+  if (mode == "random_resized_crop") {
+    t.mode = ImageTransform::Mode::kRandomResizedCrop;
+  } else if (mode == "resize_center_crop") {
+    t.mode = ImageTransform::Mode::kResizeCenterCrop;
+  } else if (mode == "resize") {
+    t.mode = ImageTransform::Mode::kResize;
+  } else {
+    throw std::invalid_argument("conveyor: unknown transform mode '" + mode + "'");
+  }
+  if (layout == "CHW") {
+    t.layout = ImageLayout::kCHW;
+  } else if (layout == "HWC") {
+    t.layout = ImageLayout::kHWC;
+  } else {
+    throw std::invalid_argument("conveyor: layout must be 'CHW' or 'HWC', not '" + layout + "'");
+  }
+  t.size = size;
+  t.resize = resize;
+  t.scale_min = scale_min;
+  t.scale_max = scale_max;
+  t.ratio_min = ratio_min;
+  t.ratio_max = ratio_max;
+  t.flip_probability = flip_probability;
+  t.exif_orientation = exif_orientation;
+  t.limits.max_pixels = max_pixels;
+  t.dct_scales = dct_scales;
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sources
+
+std::unique_ptr<Source> image_source(std::unique_ptr<ImageSource> made) {
+  const ImageSource* image = made.get();
+  return std::make_unique<Source>(std::shared_ptr<SampleSource>(std::move(made)), image);
+}
+
+std::unique_ptr<Source> image_folder(const std::string& root, const ImageTransform& transform) {
+  std::unique_ptr<ImageSource> made;
+  {
+    py::gil_scoped_release released;  // a large tree takes a while to list
+    made = ImageSource::image_folder(root, transform);
+  }
+  return image_source(std::move(made));
+}
+
+std::unique_ptr<Source> file_list(const std::string& list, const ImageTransform& transform) {
+  std::unique_ptr<ImageSource> made;
+  {
+    py::gil_scoped_release released;
+    made = ImageSource::file_list(list, transform);
+  }
+  return image_source(std::move(made));
+}
+
+std::unique_ptr<Source> in_memory(const std::vector<py::bytes>& jpegs,
+                                  const std::vector<int64_t>& labels,
+                                  const ImageTransform& transform) {
+  if (jpegs.size() != labels.size()) {
+    throw std::invalid_argument("conveyor: JpegBytes got " + std::to_string(jpegs.size()) +
+                                " images but " + std::to_string(labels.size()) + " labels");
+  }
+  std::vector<std::vector<uint8_t>> bytes;
+  bytes.reserve(jpegs.size());
+  for (const py::bytes& jpeg : jpegs) {
+    const std::string_view view = jpeg;
+    bytes.emplace_back(view.begin(), view.end());
+  }
+  return image_source(ImageSource::in_memory(std::move(bytes), labels, transform));
+}
+
+std::chrono::milliseconds to_ms(double seconds) {
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+}
+
+std::unique_ptr<Source> tar_shards(const std::vector<std::string>& shards,
+                                   const ImageTransform& transform, const std::string& index,
+                                   bool streaming, size_t shuffle_buffer, size_t rank,
+                                   size_t world_size, size_t epoch_samples, int retries,
+                                   double backoff_initial, double backoff_max,
+                                   double request_timeout, double connect_timeout,
+                                   size_t requests_in_flight) {
+  ShardOptions o;
+  o.index = index;
+  o.streaming = streaming;
+  o.shuffle_buffer = shuffle_buffer;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.epoch_samples = epoch_samples;
+  o.retries = retries;
+  o.backoff_initial = to_ms(backoff_initial);
+  o.backoff_max = to_ms(backoff_max);
+  o.request_timeout = to_ms(request_timeout);
+  o.connect_timeout = to_ms(connect_timeout);
+  o.requests_in_flight = requests_in_flight;
+  std::unique_ptr<ImageSource> made;
+  {
+    py::gil_scoped_release released;  // reads every index (over HTTP, maybe)
+    made = ImageSource::tar_shards(shards, transform, o);
+  }
+  return image_source(std::move(made));
+}
+
+std::unique_ptr<Source> pattern_source(size_t size, size_t sample_bytes) {
+  return std::make_unique<Source>(std::make_shared<PatternSource>(size, sample_bytes), nullptr);
+}
+
+py::list source_items(const Source& source) {
+  py::list items;
+  if (source.image() == nullptr) return items;
+  for (const ImageItem& item : source.image()->items()) {
+    items.append(py::make_tuple(item.path, item.label));
+  }
+  return items;
+}
+
+std::vector<std::string> source_classes(const Source& source) {
+  return source.image() ? source.image()->classes() : std::vector<std::string>{};
+}
+
+// ---------------------------------------------------------------------------------------------
+// The loader
+
+std::unique_ptr<Sampler> make_sampler(const std::string& kind, uint64_t seed, size_t rank,
+                                      size_t world_size, bool shuffle, bool drop_last) {
+  if (kind == "sequential") return SequentialSampler::make();
+  if (kind == "random") return RandomSampler::make(seed);
+  if (kind == "distributed") {
+    return DistributedSampler::make(rank, world_size, shuffle, seed, drop_last);
+  }
+  throw std::invalid_argument("conveyor: unknown sampler kind '" + kind + "'");
+}
+
+class Loader {
+ public:
+  Loader(Source& source, LoaderOptions options, const std::string& sampler, uint64_t sampler_seed,
+         size_t rank, size_t world_size, bool shuffle, bool sampler_drop_last)
+      : creator_(::getpid()), token_(std::make_shared<int>(0)) {
+    check_same_process(source.creator(), "dataset");
+    std::shared_ptr<SampleSource> claimed = source.claim(token_);
+    std::unique_ptr<Sampler> order =
+        make_sampler(sampler, sampler_seed, rank, world_size, shuffle, sampler_drop_last);
+    py::gil_scoped_release released;
+    loader_ = std::make_unique<DataLoader>(std::move(claimed), options, std::move(order));
+  }
+
+  ~Loader() {
+    if (forked_from(creator_)) {
+      // The workers and the ring belong to the parent process: joining or freeing them here
+      // would wait for threads that do not exist. Left to the OS, as the rest of the copy is.
+      (void)loader_.release();  // NOLINT(bugprone-unused-return-value): deliberate
+      return;
+    }
+    close();
+  }
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  DataLoader& get() {
+    check_same_process(creator_, "DataLoader");
+    if (!loader_) throw std::runtime_error("conveyor: this DataLoader was closed");
+    return *loader_;
+  }
+
+  void start_epoch() {
+    DataLoader& loader = get();
+    py::gil_scoped_release released;  // cancelling the rest of an epoch waits for the workers
+    loader.start_epoch();
+  }
+
+  // (fields, names, indices, epoch, sequence), or None at the end of the epoch.
+  py::object next() {
+    std::optional<Batch> batch = wait_for_batch(get());
+    if (!batch) return py::none();
+    py::tuple fields(batch->fields.size());
+    for (size_t i = 0; i < batch->fields.size(); ++i) {
+      fields[i] = py::cast(std::move(batch->fields[i]));  // the same TensorImpl: no copy
+    }
+    return py::make_tuple(fields, py::cast(batch->names), py::cast(batch->indices), batch->epoch,
+                          batch->sequence);
+  }
+
+  void close() {
+    if (!loader_) return;
+    {
+      py::gil_scoped_release released;
+      loader_->join();
+    }
+    loader_.reset();
+    token_.reset();  // the source may serve another loader now
+  }
+
+  bool closed() const { return !loader_; }
+
+ private:
+  pid_t creator_;
+  std::shared_ptr<const void> token_;  // keeps the Source claimed while this loader lives
+  std::unique_ptr<DataLoader> loader_;
+};
+
+LoaderOptions make_options(size_t batch_size, size_t workers, bool drop_last, bool enforce_ordering,
+                           double timeout, uint64_t seed, const std::string& on_error,
+                           size_t max_substitutes, const std::string& device, bool pin_memory,
+                           size_t prefetch_factor, size_t slots, size_t chunk_size) {
+  LoaderOptions o;
+  o.batch_size = batch_size;
+  o.workers = workers;
+  o.drop_last = drop_last;
+  o.enforce_ordering = enforce_ordering;
+  if (timeout > 0) o.timeout = std::max(std::chrono::milliseconds(1), to_ms(timeout));
+  o.seed = seed;
+  if (on_error == "raise") {
+    o.on_error = ErrorPolicy::kRaise;
+  } else if (on_error == "skip") {
+    o.on_error = ErrorPolicy::kSkip;
+  } else {
+    throw std::invalid_argument("conveyor: on_error must be 'raise' or 'skip', not '" + on_error +
+                                "'");
+  }
+  o.max_substitutes = max_substitutes;
+  o.device = c10::Device(device);
+  o.pin_memory = pin_memory;
+  o.prefetch_factor = prefetch_factor;
+  o.slots = slots;
+  o.chunk_size = chunk_size;
+  return o;
+}
+
+py::dict options_dict(const LoaderOptions& o) {
+  py::dict d;
+  d["batch_size"] = o.batch_size;
+  d["workers"] = o.workers;
+  d["drop_last"] = o.drop_last;
+  d["enforce_ordering"] = o.enforce_ordering;
+  d["timeout"] = o.timeout ? py::object(py::float_(o.timeout->count() / 1000.0)) : py::none();
+  d["seed"] = o.seed;
+  d["on_error"] = o.on_error == ErrorPolicy::kRaise ? "raise" : "skip";
+  d["max_substitutes"] = o.max_substitutes;
+  d["device"] = o.device.str();
+  d["pin_memory"] = o.pin_memory;
+  d["prefetch_factor"] = o.prefetch_factor;
+  d["slots"] = o.slots;
+  d["chunk_size"] = o.chunk_size;
+  return d;
+}
+
+py::dict stats_dict(const LoaderStats& s) {
+  py::dict d;
+  d["batches"] = s.batches;
+  d["samples"] = s.samples;
+  d["skipped"] = s.skipped;
+  d["errors"] = s.errors;
+  py::list skipped;
+  for (const SkippedSample& k : s.skipped_samples) {
+    py::dict one;
+    one["index"] = k.index;
+    one["path"] = k.path;
+    one["message"] = k.message;
+    one["epoch"] = k.epoch;
+    skipped.append(one);
+  }
+  d["skipped_samples"] = skipped;
+  d["fill_seconds"] = s.fill_seconds;
+  d["copy_issue_seconds"] = s.copy_issue_seconds;
+  d["wait_seconds"] = s.wait_seconds;
+  py::dict slots;
+  for (size_t i = 0; i < s.slot_states.size(); ++i) {
+    slots[py::str(to_string(static_cast<SlotState>(i)))] = s.slot_states[i];
+  }
+  d["slot_states"] = slots;
+  d["copies_to_host"] = s.copies_to_host;
+  return d;
+}
+
+py::dict generate(const std::string& root, size_t classes, size_t images_per_class, int quality,
+                  uint64_t seed, size_t threads, bool mixed) {
+  GeneratorOptions g;
+  g.classes = classes;
+  g.images_per_class = images_per_class;
+  g.quality = quality;
+  g.seed = seed;
+  g.threads = threads;
+  g.mixed = mixed;
+  GeneratedDataset d;
+  {
+    py::gil_scoped_release released;
+    d = generate_image_folder(root, g);
+  }
+  py::dict out;
+  out["root"] = d.root.string();
+  out["images"] = d.images;
+  out["bytes"] = d.bytes;
+  out["reused"] = d.reused;
+  return out;
+}
+
+at::Tensor normalize(const at::Tensor& images, std::vector<float> mean, std::vector<float> std,
+                     c10::ScalarType dtype, bool hwc, bool channels_last) {
+  NormalizeOptions o;
+  o.mean = std::move(mean);
+  o.std = std::move(std);
+  o.dtype = dtype;
+  o.hwc = hwc;
+  o.channels_last = channels_last;
+  return normalize_images(images, o);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+void check_same_process(pid_t creator, const char* what) {
+  const pid_t now = ::getpid();
+  if (now == creator) return;
+  throw std::runtime_error(
+      std::string("conveyor: this ") + what + " was made in process " + std::to_string(creator) +
+      " and is used in process " + std::to_string(now) +
+      ", forked from it. A fork copies no threads, so its worker threads are not here. Make the "
+      "conveyor objects in the process that iterates them (after the fork, e.g. in a "
+      "torch.utils.data worker's worker_init_fn), or start processes with the 'spawn' method.");
+}
+
+Source::Source(std::shared_ptr<SampleSource> source, const ImageSource* image)
+    : creator_(::getpid()), source_(std::move(source)), image_(image) {}
+
+Source::~Source() {
+  if (forked_from(creator_)) {
+    // A streaming source owns a reader thread of the parent's: leave it to the OS (see ~Loader).
+    (void)std::make_unique<std::shared_ptr<SampleSource>>(std::move(source_)).release();
+  }
+}
+
+std::string Source::describe(size_t index) const {
+  if (index >= source_->size()) {
+    throw std::out_of_range("conveyor: index " + std::to_string(index) + " is outside the " +
+                            std::to_string(source_->size()) + " samples of the dataset");
+  }
+  return source_->describe(index);
+}
+
+std::shared_ptr<SampleSource> Source::claim(const std::shared_ptr<const void>& owner) {
+  if (in_use()) {
+    throw std::logic_error("conveyor: this dataset already serves a live DataLoader");
+  }
+  owner_ = owner;
+  return source_;
+}
+
+}  // namespace conveyor::python
+
+PYBIND11_MODULE(_C, m) {
+  namespace py = pybind11;
+  using namespace conveyor::python;
+  using conveyor::ImageTransform;
+  m.doc() = "Conveyor's C++ engine (use the `conveyor` package, not this module)";
+  py::register_exception_translator(&translate_exception);
+
+  py::class_<ImageTransform>(m, "ImageTransform")
+      .def_readonly("size", &ImageTransform::size)
+      .def_readonly("resize", &ImageTransform::resize)
+      .def_readonly("scale_min", &ImageTransform::scale_min)
+      .def_readonly("scale_max", &ImageTransform::scale_max)
+      .def_readonly("ratio_min", &ImageTransform::ratio_min)
+      .def_readonly("ratio_max", &ImageTransform::ratio_max)
+      .def_readonly("flip_probability", &ImageTransform::flip_probability)
+      .def_readonly("exif_orientation", &ImageTransform::exif_orientation);
+  m.def("make_transform", &make_transform, py::arg("mode"), py::arg("size"), py::arg("resize"),
+        py::arg("scale_min"), py::arg("scale_max"), py::arg("ratio_min"), py::arg("ratio_max"),
+        py::arg("flip_probability"), py::arg("layout"), py::arg("exif_orientation"),
+        py::arg("max_pixels"), py::arg("dct_scales"));
+  m.attr("SIMD_DCT_SCALES") = conveyor::kSimdDctScales;
+  m.attr("FULL_DCT_SCALE") = conveyor::kFullDctScale;
+  m.attr("ALL_DCT_SCALES") = conveyor::kAllDctScales;
+
+  py::class_<Source>(m, "Source")
+      .def("__len__", &Source::size)
+      .def("describe", &Source::describe)
+      .def_property_readonly("in_use", &Source::in_use)
+      .def_property_readonly("items", &source_items)
+      .def_property_readonly("classes", &source_classes)
+      .def("scale_histogram",
+           [](const Source& s) {
+             return s.image() ? s.image()->scale_histogram() : std::vector<uint64_t>{};
+           })
+      .def("work_time", [](const Source& s) {
+        py::dict d;
+        if (s.image()) {
+          const conveyor::ImageSource::WorkTime w = s.image()->work_time();
+          d["read_seconds"] = w.read_seconds;
+          d["decode_seconds"] = w.decode_seconds;
+          d["transform_seconds"] = w.transform_seconds;
+        }
+        return d;
+      });
+  m.def("image_folder", &image_folder, py::arg("root"), py::arg("transform"));
+  m.def("file_list", &file_list, py::arg("list"), py::arg("transform"));
+  m.def("in_memory", &in_memory, py::arg("jpegs"), py::arg("labels"), py::arg("transform"));
+  m.def("tar_shards", &tar_shards, py::arg("shards"), py::arg("transform"), py::arg("index"),
+        py::arg("streaming"), py::arg("shuffle_buffer"), py::arg("rank"), py::arg("world_size"),
+        py::arg("epoch_samples"), py::arg("retries"), py::arg("backoff_initial"),
+        py::arg("backoff_max"), py::arg("request_timeout"), py::arg("connect_timeout"),
+        py::arg("requests_in_flight"));
+  m.def("pattern_source", &pattern_source, py::arg("size"), py::arg("sample_bytes"));
+  m.def("pattern_byte", &conveyor::PatternSource::pattern_byte, py::arg("index"),
+        py::arg("offset"));
+
+  py::class_<conveyor::LoaderOptions>(m, "LoaderOptions");
+  m.def("make_options", &make_options, py::arg("batch_size"), py::arg("workers"),
+        py::arg("drop_last"), py::arg("enforce_ordering"), py::arg("timeout"), py::arg("seed"),
+        py::arg("on_error"), py::arg("max_substitutes"), py::arg("device"), py::arg("pin_memory"),
+        py::arg("prefetch_factor"), py::arg("slots"), py::arg("chunk_size"));
+
+  py::class_<Loader>(m, "Loader")
+      .def(py::init<Source&, conveyor::LoaderOptions, const std::string&, uint64_t, size_t, size_t,
+                    bool, bool>(),
+           py::arg("source"), py::arg("options"), py::arg("sampler"), py::arg("sampler_seed"),
+           py::arg("rank"), py::arg("world_size"), py::arg("shuffle"), py::arg("sampler_drop_last"))
+      .def("start_epoch", &Loader::start_epoch)
+      .def("next", &Loader::next)
+      .def("set_epoch", [](Loader& l, uint64_t epoch) { l.get().set_epoch(epoch); })
+      .def("state_dict", [](Loader& l) { return save_state(l.get()); })
+      .def("load_state_dict", [](Loader& l, const py::dict& state) { load_state(l.get(), state); })
+      .def("close", &Loader::close)
+      .def_property_readonly("closed", &Loader::closed)
+      .def_property_readonly("epoch", [](Loader& l) { return l.get().epoch(); })
+      .def("batches_per_epoch", [](Loader& l) { return l.get().batches_per_epoch(); })
+      .def_property_readonly("workers", [](Loader& l) { return l.get().workers(); })
+      .def_property_readonly("options", [](Loader& l) { return options_dict(l.get().options()); })
+      .def_property_readonly("pinned_bytes", [](Loader& l) { return l.get().pinned_bytes(); })
+      .def_property_readonly("is_pinned", [](Loader& l) { return l.get().is_pinned(); })
+      .def_property_readonly("mode", [](Loader& l) { return l.get().mode(); })
+      .def("stats", [](Loader& l) { return stats_dict(l.get().stats()); });
+  m.attr("HAS_POLL") = has_poll<conveyor::DataLoader>();
+
+  m.def("generate_image_folder", &generate, py::arg("root"), py::arg("classes"),
+        py::arg("images_per_class"), py::arg("quality"), py::arg("seed"), py::arg("threads"),
+        py::arg("mixed"));
+  m.def(
+      "make_photo_jpeg",
+      [](int width, int height, uint64_t seed, int quality) {
+        const std::vector<uint8_t> jpeg = conveyor::make_photo_jpeg(width, height, seed, quality);
+        return py::bytes(reinterpret_cast<const char*>(jpeg.data()), jpeg.size());
+      },
+      py::arg("width"), py::arg("height"), py::arg("seed"), py::arg("quality"));
+  m.def("expand_shard_braces", &conveyor::expand_shard_braces, py::arg("pattern"));
+  m.def("cuda_available", &conveyor::cuda_available);
+  m.def("normalize", &normalize, py::arg("images"), py::arg("mean"), py::arg("std"),
+        py::arg("dtype"), py::arg("hwc"), py::arg("channels_last"));
+}

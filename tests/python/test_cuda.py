@@ -1,0 +1,49 @@
+"""The CUDA path: batches on the device, the current stream ordered after each copy, another
+stream through Batch.record_stream, normalize on the device. Skipped, with the reason, where no
+GPU is usable (scripts/gpu-check runs them on the GPU machine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import conveyor
+from conftest import CROP, requires_cuda
+
+pytestmark = requires_cuda
+
+
+def loaders(photos, **kwargs):
+    t = conveyor.RandomResizedCrop(CROP, flip=True)
+    make = lambda device: conveyor.DataLoader(conveyor.ImageFolder(photos, transform=t),  # noqa
+                                              batch_size=4, shuffle=True, seed=4, num_workers=2,
+                                              device=device, **kwargs)
+    return make("cpu"), make("cuda")
+
+
+def test_batches_arrive_on_the_gpu_with_the_cpu_bytes(photos):
+    cpu, cuda = loaders(photos)
+    assert "side-stream copies to cuda" in cuda.mode and cuda.is_pinned
+    for (ci, cl), (gi, gl) in zip(cpu, cuda):
+        assert gi.is_cuda and gl.is_cuda
+        assert torch.equal(ci, gi.cpu()) and torch.equal(cl, gl.cpu())
+
+
+def test_a_side_stream_reads_the_batch_after_record_stream(photos):
+    cpu, cuda = loaders(photos, prefetch_factor=1)
+    side = torch.cuda.Stream()
+    sums = []
+    for batch in cuda:
+        batch.record_stream(side)
+        with torch.cuda.stream(side):
+            sums.append(batch.images.sum(dtype=torch.int64))
+        del batch  # the allocator keeps the memory until the side stream's work is done
+    torch.cuda.synchronize()
+    assert [s.item() for s in sums] == [b.images.sum(dtype=torch.int64).item() for b in cpu]
+
+
+def test_normalize_on_the_gpu_matches_the_cpu(photos):
+    cpu, cuda = loaders(photos)
+    (ci, _), (gi, _) = next(iter(cpu)), next(iter(cuda))
+    assert torch.allclose(conveyor.normalize(gi).cpu(), conveyor.normalize(ci), atol=1e-5)
+    assert conveyor.normalize(gi, dtype=torch.bfloat16).dtype == torch.bfloat16
