@@ -1,0 +1,196 @@
+# Type stubs of the conveyor package (issue 21): what an editor completes. The docstrings are in
+# the .py files (help(conveyor.DataLoader)).
+import os
+from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
+
+import torch
+
+__version__: str
+IMAGENET_MEAN: Tuple[float, float, float]
+IMAGENET_STD: Tuple[float, float, float]
+INTERRUPTIBLE_WAIT: bool
+SIMD_DCT_SCALES: int
+FULL_DCT_SCALE: int
+ALL_DCT_SCALES: int
+
+_Path = Union[str, os.PathLike[str]]
+
+class SampleError(RuntimeError):
+    index: int
+    path: str
+    reason: str
+    def __init__(self, message: str, index: int, path: str, reason: str = ...) -> None: ...
+
+# --- transforms ----------------------------------------------------------------------------------
+class Transform:
+    size: int
+    resize: int
+    scale: Tuple[float, float]
+    ratio: Tuple[float, float]
+    flip: float
+    layout: str
+    exif_orientation: bool
+    max_pixels: int
+    dct_scales: int
+    @property
+    def output_shape(self) -> Tuple[int, int, int]: ...
+
+class RandomResizedCrop(Transform):
+    def __init__(self, size: Union[int, Sequence[int]], scale: Sequence[float] = ...,
+                 ratio: Sequence[float] = ..., *, flip: Union[bool, float] = ...,
+                 layout: str = ..., exif_orientation: bool = ..., max_pixels: int = ...,
+                 dct_scales: int = ...) -> None: ...
+
+class ResizeCenterCrop(Transform):
+    def __init__(self, size: Union[int, Sequence[int]] = ..., resize: int = ..., *,
+                 layout: str = ..., exif_orientation: bool = ..., max_pixels: int = ...,
+                 dct_scales: int = ...) -> None: ...
+
+class Resize(Transform):
+    def __init__(self, size: Union[int, Sequence[int]], *, layout: str = ...,
+                 exif_orientation: bool = ..., max_pixels: int = ...,
+                 dct_scales: int = ...) -> None: ...
+
+def train_transform(size: int = ..., **kwargs: Any) -> RandomResizedCrop: ...
+def eval_transform(size: int = ..., resize: int = ..., **kwargs: Any) -> ResizeCenterCrop: ...
+
+# --- datasets ------------------------------------------------------------------------------------
+class Dataset:
+    transform: Optional[Transform]
+    def __len__(self) -> int: ...
+    def describe(self, index: int) -> str: ...
+
+class _ImageDataset(Dataset):
+    @property
+    def classes(self) -> List[str]: ...
+    @property
+    def class_to_idx(self) -> Dict[str, int]: ...
+    @property
+    def samples(self) -> List[Tuple[str, int]]: ...
+    @property
+    def targets(self) -> List[int]: ...
+
+class ImageFolder(_ImageDataset):
+    root: str
+    def __init__(self, root: _Path, transform: Optional[Transform] = ...) -> None: ...
+
+class FileList(_ImageDataset):
+    def __init__(self, items: Union[_Path, Iterable[Tuple[_Path, int]]],
+                 transform: Optional[Transform] = ...) -> None: ...
+
+class JpegBytes(_ImageDataset):
+    def __init__(self, jpegs: Sequence[bytes], labels: Sequence[int],
+                 transform: Optional[Transform] = ...) -> None: ...
+
+class TarShards(_ImageDataset):
+    shards: List[str]
+    streaming: bool
+    rank: int
+    world_size: int
+    def __init__(self, shards: Union[str, Sequence[str]], transform: Optional[Transform] = ...,
+                 *, streaming: bool = ..., index: Optional[str] = ..., shuffle_buffer: int = ...,
+                 rank: Optional[int] = ..., world_size: Optional[int] = ...,
+                 epoch_samples: int = ..., retries: int = ...,
+                 backoff: Tuple[float, float] = ..., request_timeout: float = ...,
+                 connect_timeout: float = ..., requests_in_flight: int = ...) -> None: ...
+
+def tar_shards(shards: Union[str, Sequence[str]], transform: Optional[Transform] = ..., *,
+               streaming: bool = ..., index: Optional[str] = ..., shuffle_buffer: int = ...,
+               rank: Optional[int] = ..., world_size: Optional[int] = ...,
+               epoch_samples: int = ..., retries: int = ..., backoff: Tuple[float, float] = ...,
+               request_timeout: float = ..., connect_timeout: float = ...,
+               requests_in_flight: int = ...) -> TarShards: ...
+
+class PatternDataset(Dataset):
+    def __init__(self, size: int, sample_bytes: int = ...) -> None: ...
+    @staticmethod
+    def pattern_byte(index: int, offset: int) -> int: ...
+
+def expand_shard_braces(pattern: str) -> List[str]: ...
+
+# --- samplers ------------------------------------------------------------------------------------
+class Sampler:
+    kind: str
+
+class SequentialSampler(Sampler):
+    def __init__(self, data_source: Any = ...) -> None: ...
+
+class RandomSampler(Sampler):
+    seed: Optional[int]
+    def __init__(self, data_source: Any = ..., *, seed: Optional[int] = ...) -> None: ...
+
+class DistributedSampler(Sampler):
+    num_replicas: int
+    rank: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    def __init__(self, dataset: Any = ..., num_replicas: Optional[int] = ...,
+                 rank: Optional[int] = ..., shuffle: bool = ..., seed: int = ...,
+                 drop_last: bool = ...) -> None: ...
+    def set_epoch(self, epoch: int) -> None: ...
+
+# --- the loader ----------------------------------------------------------------------------------
+class Batch(Tuple[torch.Tensor, ...]):
+    names: Tuple[str, ...]
+    indices: List[int]
+    epoch: int
+    sequence: int
+    def field(self, name: str) -> torch.Tensor: ...
+    @property
+    def images(self) -> torch.Tensor: ...
+    @property
+    def labels(self) -> torch.Tensor: ...
+    def record_stream(self, stream: torch.cuda.Stream) -> None: ...
+
+class DataLoader:
+    dataset: Dataset
+    sampler: Sampler
+    def __init__(self, dataset: Dataset, batch_size: Optional[int] = ...,
+                 shuffle: Optional[bool] = ..., sampler: Optional[Any] = ...,
+                 batch_sampler: None = ..., num_workers: Optional[int] = ...,
+                 collate_fn: None = ..., pin_memory: bool = ..., drop_last: bool = ...,
+                 timeout: float = ..., worker_init_fn: None = ...,
+                 multiprocessing_context: None = ..., generator: None = ..., *,
+                 prefetch_factor: Optional[int] = ..., persistent_workers: bool = ...,
+                 pin_memory_device: str = ..., in_order: bool = ..., seed: int = ...,
+                 device: Union[str, torch.device, None] = ..., on_error: str = ...,
+                 max_substitutes: int = ..., slots: int = ..., chunk_size: int = ...) -> None: ...
+    def __iter__(self) -> Iterator[Batch]: ...
+    def __len__(self) -> int: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def state_dict(self) -> Dict[str, Union[int, str]]: ...
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> DataLoader: ...
+    def __exit__(self, *exc: Any) -> None: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def num_workers(self) -> int: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def options(self) -> Dict[str, Any]: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def pinned_bytes(self) -> int: ...
+    @property
+    def is_pinned(self) -> bool: ...
+    def stats(self) -> Dict[str, Any]: ...
+
+# --- helpers -------------------------------------------------------------------------------------
+def normalize(images: torch.Tensor, mean: Sequence[float] = ..., std: Sequence[float] = ...,
+              dtype: torch.dtype = ..., *, hwc: Optional[bool] = ...,
+              channels_last: bool = ...) -> torch.Tensor: ...
+def generate_image_folder(root: _Path, classes: int = ..., images_per_class: int = ..., *,
+                          quality: int = ..., seed: int = ..., threads: int = ...,
+                          mixed: bool = ...) -> Dict[str, Any]: ...
+def make_photo_jpeg(width: int, height: int, seed: int = ..., quality: int = ...) -> bytes: ...
+def cuda_available() -> bool: ...
