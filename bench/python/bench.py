@@ -300,12 +300,14 @@ def main():
         rounds = {name: [] for name in loaders}
         for r in range(args.rounds):
             for name in loaders:
+                load = os.getloadavg()[0]
                 result = run_one(name, args, beton)
+                result["load_1min_before"] = load
                 rounds[name].append(result)
                 shown = (f"{result['images_per_s']:.1f} images/s" if "images_per_s" in result
                          else f"failed: {result.get('error')}")
-                print(f"round {r + 1}/{args.rounds}  {name:18s} {shown}", file=sys.stderr,
-                      flush=True)
+                print(f"round {r + 1}/{args.rounds}  {name:18s} {shown}  (load {load:.2f})",
+                      file=sys.stderr, flush=True)
     report["load_after"] = os.getloadavg()
     summary = {}
     main_rates = [x.get("images_per_s") for x in rounds["conveyor"]]

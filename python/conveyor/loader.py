@@ -207,7 +207,11 @@ class DataLoader:
                              "shuffle")
         if sampler is None:
             sampler = RandomSampler() if shuffle else SequentialSampler()
-        elif not isinstance(sampler, Sampler):
+        # A torch DistributedSampler's set_epoch() (its .epoch) is followed at each iter().
+        self._torch_sampler = None
+        if sampler is not None and not isinstance(sampler, Sampler):
+            self._torch_sampler = sampler
+            self._torch_epoch_seen = getattr(sampler, "epoch", None)
             sampler = from_torch(sampler, seed)
         device_name = _device(pin_memory_device if pin_memory_device and device is None
                               else device)
@@ -229,6 +233,11 @@ class DataLoader:
         if isinstance(sampler, DistributedSampler) and sampler._pending_epoch is not None:
             self._cpp.set_epoch(sampler._pending_epoch)
             sampler._pending_epoch = None
+        if self._torch_sampler is not None:
+            epoch = getattr(self._torch_sampler, "epoch", None)
+            if epoch is not None and epoch != self._torch_epoch_seen:
+                self._cpp.set_epoch(int(epoch))
+                self._torch_epoch_seen = epoch
         self._cpp.start_epoch()
         self._generation += 1
         return _EpochIterator(self, self._generation)

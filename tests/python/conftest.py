@@ -175,7 +175,7 @@ def python_child(code: str, *args: str, **kwargs) -> subprocess.Popen:
 
 requires_cuda = pytest.mark.skipif(
     not (torch.cuda.is_available() and conveyor.cuda_available()),
-    reason="no usable CUDA device here: the CUDA path (device='cuda') is tested on the GPU "
-           "machine (scripts/gpu-check)")
+    reason="no usable CUDA device here (torch.cuda.is_available() is False): the CUDA path "
+           "(device='cuda') needs a GPU machine")
 
 SIGINT = signal.SIGINT

@@ -1,6 +1,6 @@
 """The CUDA path: batches on the device, the current stream ordered after each copy, another
 stream through Batch.record_stream, normalize on the device. Skipped, with the reason, where no
-GPU is usable (scripts/gpu-check runs them on the GPU machine)."""
+GPU is usable."""
 
 from __future__ import annotations
 

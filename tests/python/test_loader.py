@@ -225,6 +225,10 @@ def test_torch_samplers_are_translated(photos):
                                                   shuffle=False)
     loader = conveyor.DataLoader(ds, batch_size=4, sampler=sampler)
     assert [i for b in loader for i in b.indices] == list(range(27))[1::3]
+    shuffled = torch.utils.data.DistributedSampler(list(range(27)), num_replicas=3, rank=1)
+    loader = conveyor.DataLoader(ds, batch_size=4, sampler=shuffled)
+    shuffled.set_epoch(7)  # torch's set_epoch is followed
+    assert next(iter(loader)).epoch == 7
     with pytest.raises(ValueError, match="sampler"):
         conveyor.DataLoader(ds, sampler=torch.utils.data.RandomSampler(list(range(27))))
 
