@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -57,46 +58,30 @@ namespace {
 
 c10::Device parse_device(const std::string& d) { return c10::Device(d); }
 
-bool starts_with(const std::string& s, const char* prefix) { return s.rfind(prefix, 0) == 0; }
-
-bool is_http(const std::string& pattern) {
-  return starts_with(pattern, "http://") || starts_with(pattern, "https://");
-}
-
 }  // namespace
 
-bool is_shard_source(const std::string& data) {
-  const bool tar = data.size() >= 4 && data.compare(data.size() - 4, 4, ".tar") == 0;
-  const bool braces = data.find('{') != std::string::npos && data.find(".tar") != std::string::npos;
-  return tar || braces || is_http(data) || starts_with(data, "file://");
-}
+bool is_shard_source(const std::string& data) { return names_tar_shards(data); }
 
 std::vector<std::string> shard_patterns(const std::string& data) {
-  std::vector<std::string> out;
-  std::string current;
-  int depth = 0;
-  for (char ch : data) {
-    if (ch == '{') ++depth;
-    if (ch == '}' && depth > 0) --depth;
-    if (ch == ',' && depth == 0) {
-      if (!current.empty()) out.push_back(current);
-      current.clear();
-      continue;
-    }
-    current += ch;
-  }
-  if (!current.empty()) out.push_back(current);
+  std::vector<std::string> out = split_shard_patterns(data);
   if (out.empty()) throw std::invalid_argument("no shard pattern in '" + data + "'");
   return out;
 }
 
 SourceKind source_kind(const std::string& data) {
   if (!is_shard_source(data)) return SourceKind::kImageFolder;
-  size_t http = 0;
-  const std::vector<std::string> patterns = shard_patterns(data);
-  for (const auto& p : patterns) http += is_http(p) ? 1 : 0;
-  if (http == 0) return SourceKind::kLocalShards;
-  return http == patterns.size() ? SourceKind::kHttpShards : SourceKind::kMixedShards;
+  std::set<ShardLocation::Kind> kinds;
+  for (const auto& p : shard_patterns(data)) kinds.insert(parse_shard_location(p).kind);
+  if (kinds.size() > 1) return SourceKind::kMixedShards;
+  switch (*kinds.begin()) {
+    case ShardLocation::Kind::kLocal:
+      return SourceKind::kLocalShards;
+    case ShardLocation::Kind::kHttp:
+      return SourceKind::kHttpShards;
+    case ShardLocation::Kind::kPipe:
+      return SourceKind::kPipeShards;
+  }
+  return SourceKind::kMixedShards;
 }
 
 std::string source_kind_name(SourceKind kind) {
@@ -107,8 +92,10 @@ std::string source_kind_name(SourceKind kind) {
       return "tar_shards (local)";
     case SourceKind::kHttpShards:
       return "tar_shards (http)";
+    case SourceKind::kPipeShards:
+      return "tar_shards (pipe)";
     case SourceKind::kMixedShards:
-      return "tar_shards (local+http)";
+      return "tar_shards (mixed)";
   }
   return "unknown";
 }
@@ -132,8 +119,10 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   o.device = parse_device(config.device);
   o.on_error = config.skip ? ErrorPolicy::kSkip : ErrorPolicy::kRaise;
   // A streamed source brings its own order (the shard shuffle and the shuffle buffer): it is read
-  // in sequence.
-  const bool streamed = config.streaming && source_kind(config.data) != SourceKind::kImageFolder;
+  // in sequence. tar_shards streams without being asked, too (pipe: shards, shards without an
+  // index); a streamed source lists no items.
+  const bool streamed = source_kind(config.data) != SourceKind::kImageFolder &&
+                        (config.streaming || source->items().empty());
   DataLoader loader(source, o, streamed ? SequentialSampler::make() : RandomSampler::make(0));
   RunResult r;
   r.name = name;

@@ -13,17 +13,19 @@
 namespace conveyor::bench {
 
 // What --data and --reference-data name: an ImageFolder, or WebDataset tar shards (local paths,
-// file:// or http(s):// URLs, brace patterns) read through ImageSource::tar_shards.
-enum class SourceKind { kImageFolder, kLocalShards, kHttpShards, kMixedShards };
+// file:// or http(s):// URLs, pipe:COMMAND, brace patterns) read through ImageSource::tar_shards.
+// The library's shard parser (conveyor::names_tar_shards, split_shard_patterns,
+// parse_shard_location) decides, as it does for tar_shards and conveyor-prepare.
+enum class SourceKind { kImageFolder, kLocalShards, kHttpShards, kPipeShards, kMixedShards };
 
-// True when `data` names tar shards: it ends in ".tar", holds a '{' and ".tar", or starts with
-// http://, https:// or file://. Anything else is an ImageFolder.
+// True when `data` names tar shards (conveyor::names_tar_shards). Anything else is an ImageFolder.
 bool is_shard_source(const std::string& data);
-// The comma-separated patterns of a shard source, split outside braces ("{train,val}.tar" stays
-// one pattern).
+// The comma-separated patterns of a shard source, split outside braces and quotes
+// (conveyor::split_shard_patterns: "{train,val}.tar" stays one pattern). Throws when none.
 std::vector<std::string> shard_patterns(const std::string& data);
 SourceKind source_kind(const std::string& data);
-// "image_folder", "tar_shards (local)", "tar_shards (http)" or "tar_shards (local+http)".
+// "image_folder", "tar_shards (local)", "tar_shards (http)", "tar_shards (pipe)" or
+// "tar_shards (mixed)".
 std::string source_kind_name(SourceKind kind);
 // ImageSource::image_folder or ImageSource::tar_shards, as `data` says.
 std::unique_ptr<ImageSource> open_source(const std::string& data, ImageTransform transform,

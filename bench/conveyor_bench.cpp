@@ -8,10 +8,10 @@
 //                  [--generate-only]
 //
 // SOURCE is an ImageFolder or WebDataset tar shards (ImageSource::tar_shards: local paths,
-// file:// or http(s):// URLs, brace patterns, comma-separated). Without --data it generates
-// (once, cached) the photo-like default dataset, or with --dataset mixed the same photos with a
-// few percent gray, CMYK, YCCK, progressive and 4:4:4 files. Each --reference-data adds a run
-// "conveyor:NAME", Conveyor with the same options on another source (the same images as shards,
+// file:// or http(s):// URLs, pipe:COMMAND, brace patterns, comma-separated). Without --data it
+// generates (once, cached) the photo-like default dataset, or with --dataset mixed the same photos
+// with a few percent gray, CMYK, YCCK, progressive and 4:4:4 files. Each --reference-data adds a
+// run "conveyor:NAME", Conveyor with the same options on another source (the same images as shards,
 // over HTTP, or as a folder), in the same rounds as the other references. The references that
 // read files (ceiling, torch, torch-fused, naive) read the first --reference-data that is a
 // folder, else --data: so one run compares Conveyor on files prepared with conveyor-prepare
@@ -50,8 +50,12 @@ namespace {
   --data SOURCE       what Conveyor reads (default: the generated photo-like dataset): an
                       ImageFolder, or WebDataset tar shards (what conveyor-prepare --format wds
                       writes) when SOURCE ends in .tar, holds {..} braces and .tar, or starts with
-                      http://, https:// or file://; several shard patterns comma-separated, e.g.
-                      http://host:8080/train-{000000..000009}.tar
+                      http://, https://, file:// or pipe: (a command whose output is the shard);
+                      several shard patterns comma-separated (outside braces and quotes), e.g.
+                      http://host:8080/train-{000000..000009}.tar or
+                      "pipe:aws s3 cp s3://bucket/train-{000000..000009}.tar -" (pipe: shards,
+                      and shards without an index, are always streamed; a server that ignores
+                      Range needs --streaming)
   --generate N        generate (once, cached) a photo-like dataset of about N images and use it
   --dataset KIND      the generated dataset: photos (default: all baseline 4:2:0 YCbCr) or mixed
                       (ImageNet-like: a few percent each of gray, CMYK, YCCK, progressive, 4:4:4)
@@ -237,28 +241,22 @@ void warm_page_cache(const std::string& data) {
   }
   size_t remote = 0;
   bytes.resize(1 << 20);
-  for (const auto& pattern : shard_patterns(data)) {
-    for (std::string shard : expand_shard_braces(pattern)) {
-      if (shard.rfind("http://", 0) == 0 || shard.rfind("https://", 0) == 0) {
-        ++remote;
-        continue;
-      }
-      if (shard.rfind("file://", 0) == 0) {
-        shard.erase(0, 7);
-        if (shard.rfind("localhost/", 0) == 0) shard.erase(0, 9);
-      }
-      std::ifstream in(shard, std::ios::binary);  // unreadable: the runs report it
-      while (in.read(reinterpret_cast<char*>(bytes.data()),
-                     static_cast<std::streamsize>(bytes.size())) ||
-             in.gcount() > 0) {
-        total += static_cast<uint64_t>(in.gcount());
-      }
-      files += in.eof() ? 1 : 0;
+  for (const ShardLocation& shard : expand_shard_locations(shard_patterns(data))) {
+    if (shard.kind != ShardLocation::Kind::kLocal) {
+      ++remote;
+      continue;
     }
+    std::ifstream in(shard.location, std::ios::binary);  // unreadable: the runs report it
+    while (in.read(reinterpret_cast<char*>(bytes.data()),
+                   static_cast<std::streamsize>(bytes.size())) ||
+           in.gcount() > 0) {
+      total += static_cast<uint64_t>(in.gcount());
+    }
+    files += in.eof() ? 1 : 0;
   }
   std::cerr << "conveyor-bench: read " << files << " local shards (" << total / 1000000
             << " MB) once to warm the page cache";
-  if (remote > 0) std::cerr << "; " << remote << " HTTP shards left to the server";
+  if (remote > 0) std::cerr << "; " << remote << " HTTP or pipe: shards left to their source";
   std::cerr << "\n";
 }
 

@@ -1,6 +1,8 @@
 // Test support: a real nginx (Debian's nginx-light) serving a folder on 127.0.0.1, started and
 // stopped by the test, for the HTTP shard tests. One process (master_process off), so stopping it
-// is one SIGKILL: the clients then meet a refused connection, as with a crashed server.
+// is one SIGKILL: the clients then meet a refused connection, as with a crashed server. Extra
+// server directives (max_ranges 0: a server that ignores Range; limit_rate) and a request log
+// are options.
 #pragma once
 
 #include <arpa/inet.h>
@@ -23,11 +25,48 @@ extern char** environ;
 
 namespace conveyor::testing {
 
+// A loopback port that was free a moment ago.
+inline int free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = 0;
+  socklen_t length = sizeof address;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error("no free loopback port");
+  }
+  ::close(fd);
+  return ntohs(address.sin_port);
+}
+
+// True when something accepts connections on 127.0.0.1:port.
+inline bool loopback_accepts(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
+  ::close(fd);
+  return ok;
+}
+
 class NginxServer {
  public:
   // Serves `root` on a free loopback port; `work` holds the configuration, logs and temp folders.
-  NginxServer(std::filesystem::path root, std::filesystem::path work)
-      : root_(std::move(root)), work_(std::move(work)), port_(free_port()) {
+  // `server_directives` go into the server block (e.g. "max_ranges 0;"); with `log_requests`
+  // each request is a line of requests() ("URI<TAB>RANGE<TAB>STATUS<TAB>BODY_BYTES").
+  NginxServer(std::filesystem::path root, std::filesystem::path work,
+              std::string server_directives = "", bool log_requests = false)
+      : root_(std::move(root)),
+        work_(std::move(work)),
+        directives_(std::move(server_directives)),
+        log_requests_(log_requests),
+        port_(free_loopback_port()) {
     std::filesystem::create_directories(work_);
     write_config();
     start();
@@ -83,34 +122,14 @@ class NginxServer {
     return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
 
- private:
-  static int free_port() {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = 0;
-    socklen_t length = sizeof address;
-    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      if (fd >= 0) ::close(fd);
-      throw std::runtime_error("no free loopback port");
-    }
-    ::close(fd);
-    return ntohs(address.sin_port);
+  // The request log, when log_requests was given (a request is logged once answered).
+  std::string requests() const {
+    std::ifstream in(work_ / "access.log");
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
 
-  bool accepts() const {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return false;
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = htons(static_cast<uint16_t>(port_));
-    const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
-    ::close(fd);
-    return ok;
-  }
+ private:
+  bool accepts() const { return loopback_accepts(port_); }
 
   void write_config() const {
     const std::string w = work_.string();
@@ -119,16 +138,23 @@ class NginxServer {
          << (::geteuid() == 0 ? "user root;\n" : "") << "error_log " << w
          << "/error.log warn;\npid " << w << "/nginx.pid;\n"
          << "events { worker_connections 256; }\n"
-         << "http {\n  access_log off;\n  sendfile on;\n  keepalive_requests 100000;\n"
+         << "http {\n  sendfile on;\n  keepalive_requests 100000;\n"
+         << (log_requests_ ? "  log_format shards '$request_uri\\t$http_range\\t$status\\t"
+                             "$body_bytes_sent';\n  access_log " +
+                                 w + "/access.log shards;\n"
+                           : std::string("  access_log off;\n"))
          << "  client_body_temp_path " << w << "/body;\n  proxy_temp_path " << w << "/proxy;\n"
          << "  fastcgi_temp_path " << w << "/fastcgi;\n  uwsgi_temp_path " << w << "/uwsgi;\n"
          << "  scgi_temp_path " << w << "/scgi;\n"
          << "  types { } default_type application/octet-stream;\n"
-         << "  server { listen 127.0.0.1:" << port_ << "; root " << root_.string() << "; }\n}\n";
+         << "  server { listen 127.0.0.1:" << port_ << "; root " << root_.string() << "; "
+         << directives_ << " }\n}\n";
   }
 
   std::filesystem::path root_;
   std::filesystem::path work_;
+  std::string directives_;
+  bool log_requests_ = false;
   int port_ = 0;
   pid_t pid_ = -1;
 };

@@ -35,47 +35,6 @@ using testing::NginxServer;
 using testing::TempDir;
 using namespace testing::shards;
 
-// Deterministic per image (no random crop or flip), so a sample can be recognised by its pixels
-// whatever its position in the stream.
-ImageTransform fixed() { return ImageTransform::eval(24, 28); }
-
-// A sample as the user sees it: its label and its pixels.
-using Sample = std::pair<int64_t, std::string>;
-
-std::vector<Sample> samples_of(const Epoch& e) {
-  std::vector<Sample> out;
-  for (size_t b = 0; b < e.indices.size(); ++b) {
-    const at::Tensor images = e.images[b].contiguous();
-    const int64_t rows = images.size(0);
-    const size_t row_bytes = static_cast<size_t>(images.numel() / rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      const auto* p = static_cast<const char*>(images.data_ptr()) + r * row_bytes;
-      out.emplace_back(e.labels[b][r].item<int64_t>(), std::string(p, row_bytes));
-    }
-  }
-  return out;
-}
-
-std::multiset<Sample> as_set(const std::vector<Sample>& v) { return {v.begin(), v.end()}; }
-
-// An epoch in the stream's own order (the loader's default sequential sampler).
-Epoch read_stream(std::shared_ptr<SampleSource> source, uint64_t epoch = 0, size_t workers = 2,
-                  uint64_t seed = 7) {
-  return read_epoch(std::move(source), SequentialSampler::make(), epoch, workers, seed);
-}
-
-ShardOptions streamed(size_t buffer = 8) {
-  ShardOptions o;
-  o.streaming = true;
-  o.shuffle_buffer = buffer;
-  return o;
-}
-
-std::shared_ptr<ImageSource> shards_source(const std::vector<std::string>& shards,
-                                           const ShardOptions& o) {
-  return std::shared_ptr<ImageSource>(ImageSource::tar_shards(shards, fixed(), o));
-}
-
 TEST(ShardStream, EachEpochGivesEverySampleOfTheFolderOnce) {
   Prepared p;
   ASSERT_EQ(p.result.status, 0) << p.result.err;

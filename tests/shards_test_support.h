@@ -1,8 +1,12 @@
-// Test support for the shard tests (shards_test, http_shards_test): running conveyor-prepare on a
-// small generated ImageFolder, reading whole epochs, comparing them, and reading the index.
+// Test support for the shard tests (shards_test, http_shards_test, shard_stream_test and the
+// tests of servers that ignore Range, pipe: shards and WebDataset's shards): running
+// conveyor-prepare on a small generated ImageFolder, reading whole epochs, comparing them (by
+// batch, or as samples recognised by their pixels), reading the index, and this process's
+// children.
 #pragma once
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -13,8 +17,10 @@
 #include <iterator>
 #include <memory>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -181,6 +187,90 @@ inline std::vector<IndexedMember> indexed_members(const fs::path& index) {
     out.push_back({(*it)[1], (*it)[2], std::stoull((*it)[3]), std::stoull((*it)[4])});
   }
   return out;
+}
+
+// Deterministic per image (no random crop or flip), so a sample can be recognised by its pixels
+// whatever its position in the stream.
+inline ImageTransform fixed() { return ImageTransform::eval(24, 28); }
+
+// A sample as the user sees it: its label and its pixels.
+using Sample = std::pair<int64_t, std::string>;
+
+inline std::vector<Sample> samples_of(const Epoch& e) {
+  std::vector<Sample> out;
+  for (size_t b = 0; b < e.indices.size(); ++b) {
+    const at::Tensor images = e.images[b].contiguous();
+    const int64_t rows = images.size(0);
+    const size_t row_bytes = static_cast<size_t>(images.numel() / rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto* p = static_cast<const char*>(images.data_ptr()) + r * row_bytes;
+      out.emplace_back(e.labels[b][r].item<int64_t>(), std::string(p, row_bytes));
+    }
+  }
+  return out;
+}
+
+inline std::multiset<Sample> as_set(const std::vector<Sample>& v) { return {v.begin(), v.end()}; }
+
+// An epoch in the stream's own order (the loader's default sequential sampler).
+inline Epoch read_stream(std::shared_ptr<SampleSource> source, uint64_t epoch = 0,
+                         size_t workers = 2, uint64_t seed = 7) {
+  return read_epoch(std::move(source), SequentialSampler::make(), epoch, workers, seed);
+}
+
+inline ShardOptions streamed(size_t buffer = 8) {
+  ShardOptions o;
+  o.streaming = true;
+  o.shuffle_buffer = buffer;
+  return o;
+}
+
+inline std::shared_ptr<ImageSource> shards_source(const std::vector<std::string>& shards,
+                                                  const ShardOptions& o) {
+  return std::shared_ptr<ImageSource>(ImageSource::tar_shards(shards, fixed(), o));
+}
+
+// Every sample of the ImageFolder at `folder`, as fixed() shows it.
+inline std::multiset<Sample> folder_samples(const fs::path& folder) {
+  auto source = std::shared_ptr<ImageSource>(ImageSource::image_folder(folder, fixed()));
+  return as_set(samples_of(read_stream(source)));
+}
+
+// "train-{000000..00000N}.tar" for shards 0..count-1, with `prefix` before it.
+inline std::string shard_pattern(const std::string& prefix, size_t count) {
+  char last[16];
+  std::snprintf(last, sizeof last, "%06zu", count - 1);
+  return prefix + "train-{000000.." + last + "}.tar";
+}
+
+// The processes whose parent is this one (from /proc), zombies included.
+inline std::vector<int> child_processes() {
+  std::vector<int> out;
+  const std::string self = std::to_string(::getpid());
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses, so read after the last ')'.
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
+    std::string state, ppid;
+    rest >> state >> ppid;
+    if (ppid == self) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+// True when process `pid` is gone or only a zombie left for another parent to reap.
+inline bool process_ended(int pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(in, line)) return true;
+  const size_t close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
 }
 
 }  // namespace conveyor::testing::shards

@@ -1,6 +1,7 @@
-// conveyor-prepare: turns an ImageFolder or a file list into WebDataset tar shards with an index
-// (--format wds, read by ImageSource::tar_shards) or into an ImageFolder (--format folder), keeping
-// only the images Conveyor's decoder reads.
+// conveyor-prepare: turns an ImageFolder, a file list or tar shards (the forms tar_shards reads:
+// paths, file://, http(s)://, pipe:COMMAND, brace patterns) into WebDataset tar shards with an
+// index (--format wds, read by ImageSource::tar_shards) or into an ImageFolder (--format folder),
+// keeping only the images Conveyor's decoder reads.
 //
 // Guarantees: the output is a pure function of the input files and the options other than
 // --workers (same inputs, same bytes): samples keep the source's order, keys are the source's
@@ -31,8 +32,11 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
+#include "http.h"
 #include "jpeg_segments.h"
 #include "restart_markers.h"
+#include "shard_stream.h"
+#include "shards.h"
 
 namespace {
 
@@ -43,8 +47,14 @@ constexpr const char* kUsage =
     R"(usage: conveyor-prepare SRC DST --format wds|folder [--shard-size BYTES] [--workers W]
                         [--on-error skip|raise] [--restart N]
 
-SRC   an ImageFolder (SRC/<class>/<image>.jpg|jpeg; classes are the sorted folder names) or a
-      file list (lines 'path<TAB>label', relative paths relative to the list's folder).
+SRC   an ImageFolder (SRC/<class>/<image>.jpg|jpeg; classes are the sorted folder names), a
+      file list (lines 'path<TAB>label', relative paths relative to the list's folder), or
+      WebDataset tar shards, named as tar_shards and conveyor-bench --data name them: local
+      paths, file://, http(s)://, "pipe:COMMAND" (its output is the shard, e.g. "pipe:aws s3 cp
+      s3://bucket/train-{000000..000146}.tar -"), brace patterns, several comma-separated.
+      Shards are read in order, each sample KEY.jpg|jpeg with KEY.cls (other members ignored);
+      their index's classes are kept where they have one (for --format folder without one, the
+      class folders are the labels as six digits).
 DST   --format wds: the shards' prefix. Writes DST-000000.tar, DST-000001.tar, ... (POSIX ustar;
       sample i of SRC becomes members KEY.jpg, the original JPEG bytes, and KEY.cls, its label
       as decimal text, with KEY = i as %08d) and DST.index.json, which gives every sample's shard,
@@ -274,8 +284,12 @@ class Progress {
   std::string status(size_t done) const {
     const double s = seconds();
     char buf[128];
-    std::snprintf(buf, sizeof buf, "%zu/%zu inputs, %.0f images/s", done, total_,
-                  s > 0 ? static_cast<double>(done) / s : 0.0);
+    const double rate = s > 0 ? static_cast<double>(done) / s : 0.0;
+    if (total_ == 0) {  // shards: the count is not known before the end
+      std::snprintf(buf, sizeof buf, "%zu inputs, %.0f images/s", done, rate);
+    } else {
+      std::snprintf(buf, sizeof buf, "%zu/%zu inputs, %.0f images/s", done, total_, rate);
+    }
     return buf;
   }
   // A line every few seconds.
@@ -373,7 +387,9 @@ class ShardWriter {
   std::string samples_;  // the index's "samples" entries
 };
 
-// --format folder: DST/<class>/KEY.jpg.
+// --format folder: DST/<class>/KEY.jpg. Without class names (shards without an index) a label's
+// folder is its number as six digits, made when first needed; finish() adds the empty ones below
+// the largest label, so that the sorted names give the labels back.
 class FolderWriter {
  public:
   FolderWriter(const std::string& dst, std::vector<std::string> classes)
@@ -385,18 +401,48 @@ class FolderWriter {
                                "ImageFolder)");
     }
     for (const auto& c : classes_) fs::create_directories(dst_ / c);
+    fs::create_directories(dst_);
   }
   void add(const std::string& key, const std::vector<uint8_t>& jpeg, int64_t label) {
-    AtomicFile file((dst_ / classes_.at(static_cast<size_t>(label)) / (key + ".jpg")).string());
+    fs::path folder;
+    if (classes_.empty()) {
+      if (label < 0 || label >= 1'000'000) {
+        throw std::runtime_error("--format folder: label " + std::to_string(label) +
+                                 " (without class names, labels 0..999999)");
+      }
+      folder = dst_ / numbered(label);
+      if (label > max_label_) {
+        fs::create_directories(folder);
+        max_label_ = label;
+      }
+    } else {
+      if (label < 0 || static_cast<size_t>(label) >= classes_.size()) {
+        throw std::runtime_error("label " + std::to_string(label) + " outside the index's " +
+                                 std::to_string(classes_.size()) + " classes");
+      }
+      folder = dst_ / classes_[static_cast<size_t>(label)];
+    }
+    AtomicFile file((folder / (key + ".jpg")).string());
     file.write(jpeg.data(), jpeg.size());
     file.commit();
     bytes_ += jpeg.size();
   }
   uint64_t bytes() const { return bytes_; }
+  void finish() const {
+    for (int64_t l = 0; classes_.empty() && l < max_label_; ++l) {
+      fs::create_directories(dst_ / numbered(l));
+    }
+  }
 
  private:
+  static std::string numbered(int64_t label) {
+    char name[32];
+    std::snprintf(name, sizeof name, "%06lld", static_cast<long long>(label));
+    return name;
+  }
   fs::path dst_;
   std::vector<std::string> classes_;
+  int64_t max_label_ = -1;
   uint64_t bytes_ = 0;
 };
 
@@ -419,6 +465,8 @@ std::vector<std::string> label_folders(const std::vector<conveyor::ImageItem>& i
 }
 
 struct Checked {
+  std::string name;  // the input's path, or its shard and member
+  int64_t label = 0;
   std::vector<uint8_t> bytes;
   std::string error;         // empty when the input read and decoded
   uint64_t input_bytes = 0;  // before a --restart rewrite
@@ -462,16 +510,74 @@ bool rewrite_with_restarts(conveyor::JpegDecoder& decoder, int target,
   return has_index;
 }
 
+// SRC as tar shards: their samples in order, read by this thread a window at a time (a shard is
+// one stream). A shard that fails loses the samples it still held; read() returns what came
+// before and says why.
+class ShardInputs {
+ public:
+  explicit ShardInputs(const std::string& src)
+      : shards_(conveyor::expand_shard_locations(conveyor::split_shard_patterns(src))) {
+    if (shards_.empty()) throw UsageError("SRC names no shards: '" + src + "'");
+  }
+  const std::vector<conveyor::ShardLocation>& shards() const { return shards_; }
+
+  // Fills window[0, n) with the next samples (name, label, bytes; `error` set for a sample
+  // without a label) and returns n: fewer than the window only at the end, or when a shard
+  // failed (then `failure` says how, and the next call goes on with the next shard).
+  size_t read(std::vector<Checked>& window, std::string& failure) {
+    failure.clear();
+    size_t n = 0;
+    while (n < window.size()) {
+      try {
+        if (!reader_) {
+          if (next_ == shards_.size()) break;
+          reader_ = std::make_unique<conveyor::detail::TarSampleReader>(shards_[next_++], options_,
+                                                                        http_, never_);
+        }
+        if (!reader_->next(sample_)) {
+          reader_.reset();
+          continue;
+        }
+      } catch (const std::exception& e) {
+        reader_.reset();
+        failure = e.what();
+        return n;
+      }
+      Checked& c = window[n++];
+      c.name = sample_.name;
+      c.label = sample_.label;
+      c.bytes.swap(sample_.bytes);
+      c.error = sample_.has_label ? "" : "no .cls member beside it (the label)";
+    }
+    return n;
+  }
+
+ private:
+  std::vector<conveyor::ShardLocation> shards_;
+  conveyor::ShardOptions options_;  // the defaults: retries, backoff, deadlines
+  std::unique_ptr<conveyor::detail::HttpStreamHandles> http_;
+  const conveyor::detail::ReadCancel never_;
+  std::unique_ptr<conveyor::detail::TarSampleReader> reader_;
+  size_t next_ = 0;
+  conveyor::detail::TarSample sample_;
+};
+
 int run(const Options& o) {
-  std::unique_ptr<conveyor::ImageSource> source;
+  std::unique_ptr<conveyor::ImageSource> source;  // SRC as files
+  std::unique_ptr<ShardInputs> from_shards;       // SRC as tar shards
+  std::vector<std::string> classes;
   std::error_code ec;
-  if (fs::is_directory(o.src, ec)) {
+  if (conveyor::names_tar_shards(o.src)) {
+    from_shards = std::make_unique<ShardInputs>(o.src);
+    classes = conveyor::detail::shard_classes(from_shards->shards(), conveyor::ShardOptions{});
+  } else if (fs::is_directory(o.src, ec)) {
     source = conveyor::ImageSource::image_folder(o.src, conveyor::ImageTransform{});
+    classes = source->classes();
   } else {
     source = conveyor::ImageSource::file_list(o.src, conveyor::ImageTransform{});
   }
-  const std::vector<conveyor::ImageItem>& items = source->items();
-  const bool from_folder = !source->classes().empty();
+  static const std::vector<conveyor::ImageItem> kNoItems;
+  const std::vector<conveyor::ImageItem>& items = source ? source->items() : kNoItems;
 
   std::optional<ShardWriter> shards;
   std::optional<FolderWriter> folder;
@@ -479,34 +585,54 @@ int run(const Options& o) {
     const fs::path dst(o.dst);
     if (dst.filename().empty()) throw UsageError("DST must name a file prefix for --format wds");
     if (dst.has_parent_path()) fs::create_directories(dst.parent_path());
-    shards.emplace(o.dst, o.shard_size, source->classes());
+    shards.emplace(o.dst, o.shard_size, classes);
   } else {
-    folder.emplace(o.dst, from_folder ? source->classes() : label_folders(items));
+    folder.emplace(o.dst, !classes.empty() || from_shards ? classes : label_folders(items));
   }
 
-  std::cerr << "conveyor-prepare: " << items.size() << " inputs from " << o.src << ", " << o.workers
-            << " workers\n";
+  if (from_shards) {
+    std::cerr << "conveyor-prepare: " << from_shards->shards().size() << " shards from " << o.src
+              << ", " << o.workers << " workers\n";
+  } else {
+    std::cerr << "conveyor-prepare: " << items.size() << " inputs from " << o.src << ", "
+              << o.workers << " workers\n";
+  }
   Progress progress(items.size());
   std::vector<conveyor::JpegDecoder> decoders(o.workers);
   const size_t window = std::max<size_t>(64, o.workers * 32);
   std::vector<Checked> checked(window);
+  size_t inputs = 0;  // read so far (written or skipped)
   size_t written = 0;
   size_t skipped = 0;
+  size_t failed_shards = 0;
   uint64_t input_bytes = 0;   // of the samples written, as read
   uint64_t output_bytes = 0;  // of the same, as written
   uint64_t indexed = 0;       // of the same, with a segment index
-  for (size_t begin = 0; begin < items.size(); begin += window) {
-    const size_t end = std::min(items.size(), begin + window);
-    std::atomic<size_t> next{begin};
+  while (true) {
+    const size_t begin = inputs;
+    size_t count = 0;
+    std::string shard_failure;
+    if (from_shards) {
+      count = from_shards->read(checked, shard_failure);
+    } else {
+      count = std::min(window, items.size() - begin);
+      for (size_t i = 0; i < count; ++i) {
+        checked[i].name = items[begin + i].path;
+        checked[i].label = items[begin + i].label;
+        checked[i].error.clear();
+      }
+    }
+    if (count == 0 && shard_failure.empty()) break;
+    std::atomic<size_t> next{0};
     {
       std::vector<std::jthread> threads;
-      for (size_t w = 0; w < std::min(o.workers, end - begin); ++w) {
+      for (size_t w = 0; w < std::min(o.workers, count); ++w) {
         threads.emplace_back([&, w] {
-          for (size_t i = next.fetch_add(1); i < end; i = next.fetch_add(1)) {
-            Checked& c = checked[i - begin];
-            c.error.clear();
+          for (size_t i = next.fetch_add(1); i < count; i = next.fetch_add(1)) {
+            Checked& c = checked[i];
+            if (!c.error.empty()) continue;  // a shard's sample without a label
             try {
-              conveyor::read_file(items[i].path, c.bytes);
+              if (!from_shards) conveyor::read_file(c.name, c.bytes);
               c.input_bytes = c.bytes.size();
               if (o.restart > 0) {
                 c.indexed = rewrite_with_restarts(decoders[w], o.restart, c.bytes);
@@ -521,10 +647,11 @@ int run(const Options& o) {
         });
       }
     }  // joined
-    for (size_t i = begin; i < end; ++i) {
-      const Checked& c = checked[i - begin];
+    for (size_t i = 0; i < count; ++i) {
+      const Checked& c = checked[i];
+      const size_t sample = begin + i;
       if (!c.error.empty()) {
-        const std::string message = items[i].path + ": " + c.error;
+        const std::string message = c.name + ": " + c.error;
         if (o.raise) {
           std::cerr << "conveyor-prepare: " << message << "\n";
           std::cout << "conveyor-prepare: stopped at an undecodable input (--on-error raise): "
@@ -539,31 +666,47 @@ int run(const Options& o) {
       output_bytes += c.bytes.size();
       indexed += c.indexed ? 1 : 0;
       if (shards) {
-        shards->add(key_of(i), c.bytes, items[i].label, progress, i);
+        shards->add(key_of(sample), c.bytes, c.label, progress, sample);
       } else {
-        folder->add(key_of(i), c.bytes, items[i].label);
+        folder->add(key_of(sample), c.bytes, c.label);
       }
       ++written;
     }
-    progress.tick(end);
+    inputs += count;
+    progress.tick(inputs);
+    if (!shard_failure.empty()) {
+      ++failed_shards;
+      if (o.raise) {
+        std::cerr << "conveyor-prepare: " << shard_failure << "\n";
+        std::cout << "conveyor-prepare: stopped at a shard that could not be read (--on-error "
+                     "raise): "
+                  << written << " samples written, the index not written\n";
+        return 1;
+      }
+      std::cerr << "conveyor-prepare: skipping the rest of a shard: " << shard_failure << "\n";
+    }
   }
 
   uint64_t bytes = 0;
   std::string where;
   if (shards) {
-    bytes = shards->finish(progress, items.size());
+    bytes = shards->finish(progress, inputs);
     where = std::to_string(shards->shards()) + " shards and " + o.dst + ".index.json";
   } else {
+    folder->finish();
     bytes = folder->bytes();
     where = "ImageFolder " + o.dst;
   }
   char rate[64];
   const double s = progress.seconds();
   std::snprintf(rate, sizeof rate, "%.1f s, %.0f images/s", s,
-                s > 0 ? static_cast<double>(items.size()) / s : 0.0);
+                s > 0 ? static_cast<double>(inputs) / s : 0.0);
   std::cout << "conveyor-prepare: " << written << " samples written, " << skipped
-            << " skipped (unreadable or undecodable); " << bytes << " bytes in " << where << "; "
-            << rate << "\n";
+            << " skipped (unreadable or undecodable)"
+            << (failed_shards > 0 ? ", " + std::to_string(failed_shards) +
+                                        " shards cut short (their other samples lost)"
+                                  : std::string())
+            << "; " << bytes << " bytes in " << where << "; " << rate << "\n";
   if (o.restart > 0) {
     char change[224];
     std::snprintf(

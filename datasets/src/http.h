@@ -1,5 +1,6 @@
 // datasets/src/http.h (build-only): HTTP(S) GETs through libcurl for tar_shards, whole or as a
-// byte range, with retries, backoff and a deadline on every request.
+// byte range, with retries, backoff and a deadline on every request; and the streamed GET of a
+// whole shard for streaming mode (libcurl's body fed to libarchive as it arrives).
 //
 // Invariant: one HttpClient is one libcurl easy handle, so consecutive requests to the same host
 // reuse its connection (keep-alive); nothing else touches the handle.
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "conveyor/datasets.h"
+#include "shard_stream.h"
 
 namespace conveyor {
 namespace detail {
@@ -42,6 +44,12 @@ class HttpClient {
   // the range, none when it ends at or before `offset` (reading a resource of unknown length in
   // chunks). Retries and throws as get_range() does, except for the short ends.
   void get_chunk(const std::string& url, uint64_t offset, uint64_t size, std::vector<uint8_t>& out);
+
+  // What `url`'s server does with a Range request, found with one request for its first byte
+  // (no retry): kIgnored when it answers 200 with the whole resource. kUnknown for any failure,
+  // which the reads then meet and report.
+  enum class RangeSupport { kHonoured, kIgnored, kUnknown };
+  RangeSupport range_support(const std::string& url);
 
  private:
   // Returns false for a 404 or 410 when `missing_ok`, else throws for them too.
@@ -80,6 +88,34 @@ class HttpReadAhead {
   struct Transfers;
   std::unique_ptr<Transfers> transfers_;
 };
+
+// The libcurl handles of streamed GETs (one easy handle on a multi handle), kept by a stream's
+// reader across shards, so that consecutive shards on one server reuse the connection.
+// Thread safety: one thread (the reader).
+class HttpStreamHandles {
+ public:
+  explicit HttpStreamHandles(const ShardOptions& options);
+  ~HttpStreamHandles();
+  HttpStreamHandles(const HttpStreamHandles&) = delete;
+  HttpStreamHandles& operator=(const HttpStreamHandles&) = delete;
+  struct Transfer;  // http.cpp
+  Transfer& transfer() { return *transfer_; }
+
+ private:
+  std::unique_ptr<Transfer> transfer_;
+};
+
+// A remote shard's body through one plain GET, handed on as it arrives (at most about 1 MiB
+// held: the transfer pauses until libarchive takes it), with no Range needed. After a dropped
+// connection, a timeout or a retryable status, the next attempt asks for the rest with
+// "Range: bytes=N-" (and If-Range, where the first response had an ETag or Last-Modified): a 206
+// goes on at byte N; a 200 (a server that ignores Range, or a changed resource) starts over,
+// and ShardByteStream drops the bytes already read after checking them. request_timeout bounds
+// every wait for the next bytes, not the whole body. Errors name the URL and the HTTP status.
+std::unique_ptr<ShardByteStream> open_http_stream(HttpStreamHandles& handles,
+                                                  const std::string& url,
+                                                  const ShardOptions& options,
+                                                  const ReadCancel& cancel);
 
 }  // namespace detail
 }  // namespace conveyor

@@ -432,20 +432,39 @@ ShardIndex parse_index(std::string text, const std::string& path) {
   return index;
 }
 
-// Where a shard is: a local path (plain, or from a file:// URL) or an http(s):// URL.
-struct ShardLocation {
-  bool remote = false;
-  std::string location;  // the path, or the URL as given
-};
+}  // namespace
 
-ShardLocation locate(const std::string& shard) {
+// ---------------------------------------------------------------------------------------------
+// Shard names: the one parser behind tar_shards, conveyor-prepare's SRC and conveyor-bench --data.
+
+std::string ShardLocation::name() const {
+  return kind == Kind::kPipe ? "pipe:" + location : location;
+}
+
+ShardLocation parse_shard_location(const std::string& shard) {
+  if (shard.rfind("pipe:", 0) == 0) {
+    std::string command = shard.substr(5);
+    const size_t first = command.find_first_not_of(" \t");
+    if (first == std::string::npos) {
+      throw std::invalid_argument("tar_shards: " + shard + ": pipe: needs a command");
+    }
+    return {ShardLocation::Kind::kPipe, command.substr(first)};
+  }
   const size_t scheme = shard.find("://");
-  if (scheme == std::string::npos) return {false, shard};
-  const std::string name = shard.substr(0, scheme);
-  if (name == "http" || name == "https") return {true, shard};
+  if (scheme == std::string::npos) return {ShardLocation::Kind::kLocal, shard};
+  std::string name = shard.substr(0, scheme);
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (name == "http" || name == "https") return {ShardLocation::Kind::kHttp, shard};
+  if (name == "s3" || name == "gs") {
+    const std::string command = name == "s3" ? "aws s3 cp " + shard + " -" : "gsutil cat " + shard;
+    throw std::invalid_argument("tar_shards: " + shard + ": unsupported URL scheme '" + name +
+                                "': read it through its command line tool, \"pipe:" + command +
+                                "\" (or a pre-signed https:// URL)");
+  }
   if (name != "file") {
     throw std::invalid_argument("tar_shards: " + shard + ": unsupported URL scheme '" + name +
-                                "' (local paths, file://, http:// and https:// URLs)");
+                                "' (local paths, file://, http:// and https:// URLs, and "
+                                "pipe:COMMAND)");
   }
   std::string rest = shard.substr(scheme + 3);
   if (rest.rfind("localhost/", 0) == 0) rest.erase(0, 9);
@@ -464,19 +483,101 @@ ShardLocation locate(const std::string& shard) {
       out.push_back(rest[i]);
     }
   }
-  return {false, out};
+  return {ShardLocation::Kind::kLocal, out};
+}
+
+std::vector<ShardLocation> expand_shard_locations(const std::vector<std::string>& patterns) {
+  std::vector<ShardLocation> out;
+  for (const auto& pattern : patterns) {
+    for (const auto& shard : expand_shard_braces(pattern)) {
+      out.push_back(parse_shard_location(shard));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> split_shard_patterns(const std::string& text) {
+  std::vector<std::string> out;
+  std::string current;
+  int depth = 0;
+  char quote = 0;
+  for (char c : text) {
+    if (quote != 0) {
+      if (c == quote) quote = 0;
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+    } else if (c == '{') {
+      ++depth;
+    } else if (c == '}' && depth > 0) {
+      --depth;
+    } else if (c == ',' && depth == 0) {
+      if (!current.empty()) out.push_back(std::move(current));
+      current.clear();
+      continue;
+    }
+    current += c;
+  }
+  if (!current.empty()) out.push_back(std::move(current));
+  return out;
+}
+
+bool names_tar_shards(const std::string& text) {
+  auto starts = [&](const char* prefix) { return text.rfind(prefix, 0) == 0; };
+  const bool tar = text.size() >= 4 && text.compare(text.size() - 4, 4, ".tar") == 0;
+  const bool braces = text.find('{') != std::string::npos && text.find(".tar") != std::string::npos;
+  return tar || braces || starts("pipe:") || starts("http://") || starts("https://") ||
+         starts("file://");
+}
+
+namespace {
+
+using Kind = ShardLocation::Kind;
+
+// A pipe: command's shard word: the last whitespace-separated word that ends in .tar (without
+// the shell's ; & | ) after it, nor quotes around it), as [begin, end) in the command. False when
+// there is none.
+bool pipe_shard_word(const std::string& command, size_t& begin, size_t& end) {
+  bool found = false;
+  size_t i = 0;
+  while (i < command.size()) {
+    while (i < command.size() && std::isspace(static_cast<unsigned char>(command[i]))) ++i;
+    size_t b = i;
+    while (i < command.size() && !std::isspace(static_cast<unsigned char>(command[i]))) ++i;
+    size_t e = i;
+    while (e > b && command[e - 1] != '\0' && std::strchr(";&|)", command[e - 1]) != nullptr) --e;
+    if (e - b >= 2 && (command[b] == '\'' || command[b] == '"') && command[e - 1] == command[b]) {
+      ++b;
+      --e;
+    }
+    if (e - b > 4 && command.compare(e - 4, 4, ".tar") == 0) {
+      begin = b;
+      end = e;
+      found = true;
+    }
+  }
+  return found;
 }
 
 // The shard's file name, as its index lists it: the last path segment (of a URL, without its
-// query string or fragment).
+// query string or fragment; of a command, of its shard word). Empty for a command without one.
 std::string file_name_of(const ShardLocation& shard) {
-  if (!shard.remote) return std::filesystem::path(shard.location).filename().string();
-  const std::string url = shard.location.substr(0, shard.location.find_first_of("?#"));
-  return url.substr(url.rfind('/') + 1);
+  if (shard.kind == Kind::kLocal) {
+    return std::filesystem::path(shard.location).filename().string();
+  }
+  std::string path = shard.location;
+  if (shard.kind == Kind::kPipe) {
+    size_t begin = 0, end = 0;
+    if (!pipe_shard_word(shard.location, begin, end)) return {};
+    path = shard.location.substr(begin, end - begin);
+  } else {
+    path = path.substr(0, path.find_first_of("?#"));
+  }
+  return path.substr(path.rfind('/') + 1);
 }
 
 // PREFIX-NNNNNN.tar -> PREFIX.index.json in the same folder (for a URL: beside it, without the
-// shard's query string).
+// shard's query string; for a command: the same command with its shard word's file name
+// replaced), as a name parse_shard_location reads.
 std::string index_location_for(const ShardLocation& shard) {
   const std::string name = file_name_of(shard);
   const size_t dash = name.rfind('-');
@@ -484,16 +585,27 @@ std::string index_location_for(const ShardLocation& shard) {
                   dash != std::string::npos && dash > 0 &&
                   all_digits(name.substr(dash + 1, name.size() - 4 - dash - 1));
   if (!ok) {
-    throw std::invalid_argument("tar_shards: " + shard.location +
+    throw std::invalid_argument("tar_shards: " + shard.name() +
                                 ": a shard must be named PREFIX-NNNNNN.tar so that its index "
                                 "PREFIX.index.json can be found (or give ShardOptions::index)");
   }
   const std::string index_name = name.substr(0, dash) + ".index.json";
-  if (!shard.remote) {
-    return (std::filesystem::path(shard.location).parent_path() / index_name).string();
+  switch (shard.kind) {
+    case Kind::kLocal:
+      return (std::filesystem::path(shard.location).parent_path() / index_name).string();
+    case Kind::kHttp: {
+      const std::string url = shard.location.substr(0, shard.location.find_first_of("?#"));
+      return url.substr(0, url.rfind('/') + 1) + index_name;
+    }
+    case Kind::kPipe: {
+      size_t begin = 0, end = 0;
+      pipe_shard_word(shard.location, begin, end);
+      std::string command = shard.location;
+      command.replace(end - name.size(), name.size(), index_name);
+      return "pipe:" + command;
+    }
   }
-  const std::string url = shard.location.substr(0, shard.location.find_first_of("?#"));
-  return url.substr(0, url.rfind('/') + 1) + index_name;
+  return {};
 }
 
 // One worker's reader: pread() for local shards, and its own HTTP connection (made on its first
@@ -568,14 +680,17 @@ std::unique_ptr<detail::ShardReader> ImageSource::Shards::open_reader() const {
 
 namespace {
 
-// Reads the index at `index_location` (a path or URL). Returns false when there is none (no
-// file, or HTTP 404); throws naming `shard` when it cannot be read or parsed.
+constexpr size_t kMaxIndexBytes = size_t{1} << 30;  // an index a command writes, at most
+
+// Reads the index at `index_location` (a path, URL or pipe: command). Returns false when there
+// is none (no file, HTTP 404; for a command beside pipe: shards, `lenient`: one that fails or
+// writes no index, with `why` set); throws naming `shard` when it cannot be read or parsed.
 bool load_index(const std::string& index_location, const std::string& shard,
                 const ShardOptions& options, std::unique_ptr<detail::HttpClient>& http,
-                ShardIndex& index) {
-  const ShardLocation where = locate(index_location);
+                bool lenient, ShardIndex& index, std::string& why) {
+  const ShardLocation where = parse_shard_location(index_location);
   std::string text;
-  if (where.remote) {
+  if (where.kind == Kind::kHttp) {
     if (!http) http = std::make_unique<detail::HttpClient>(options);
     std::vector<uint8_t> bytes;
     try {
@@ -584,6 +699,26 @@ bool load_index(const std::string& index_location, const std::string& shard,
       throw std::runtime_error("tar_shards: " + shard + ": cannot read its index: " + e.what());
     }
     text.assign(bytes.begin(), bytes.end());
+  } else if (where.kind == Kind::kPipe) {
+    std::vector<uint8_t> bytes;
+    std::string failure;
+    if (!detail::read_command_output(where.location, options, kMaxIndexBytes, bytes, failure)) {
+      if (lenient) {
+        why = failure;
+        return false;
+      }
+      throw std::runtime_error("tar_shards: " + shard + ": cannot read its index: " + failure);
+    }
+    text.assign(bytes.begin(), bytes.end());
+    if (lenient) {
+      try {
+        index = parse_index(std::move(text), index_location);
+        return true;
+      } catch (const std::exception& e) {
+        why = index_location + " wrote no index: " + e.what();
+        return false;
+      }
+    }
   } else {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(where.location, ec)) return false;
@@ -598,6 +733,9 @@ bool load_index(const std::string& index_location, const std::string& shard,
 }
 
 // The shard's name fits PREFIX-NNNNNN.tar, so that an index can be looked for beside it.
+// The first line of `text`.
+std::string one_line_of(const std::string& text) { return text.substr(0, text.find('\n')); }
+
 bool has_index_name(const ShardLocation& shard) {
   try {
     index_location_for(shard);
@@ -609,6 +747,20 @@ bool has_index_name(const ShardLocation& shard) {
 
 }  // namespace
 
+std::vector<std::string> detail::shard_classes(const std::vector<ShardLocation>& shards,
+                                               const ShardOptions& options) {
+  if (shards.empty()) return {};
+  const ShardLocation& first = shards.front();
+  if (options.index.empty() && !has_index_name(first)) return {};
+  std::unique_ptr<detail::HttpClient> http;
+  ShardIndex index;
+  std::string why;
+  const std::string where = options.index.empty() ? index_location_for(first) : options.index;
+  const bool lenient = options.index.empty() && first.kind == Kind::kPipe;
+  if (!load_index(where, first.name(), options, http, lenient, index, why)) return {};
+  return index.classes;
+}
+
 std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::string>& shards,
                                                      ImageTransform transform,
                                                      const ShardOptions& options) {
@@ -617,10 +769,7 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
     throw std::invalid_argument("tar_shards: rank " + std::to_string(options.rank) +
                                 " is not in [0, " + std::to_string(options.world_size) + ")");
   }
-  std::vector<ShardLocation> locations;
-  for (const auto& pattern : shards) {
-    for (auto& expanded : expand_shard_braces(pattern)) locations.push_back(locate(expanded));
-  }
+  const std::vector<ShardLocation> locations = expand_shard_locations(shards);
   if (locations.empty()) throw std::invalid_argument("tar_shards: no shards given");
 
   // Each shard's index, where there is one.
@@ -628,32 +777,39 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
   std::map<std::string, std::unique_ptr<ShardIndex>> indexes;  // by location; null: none there
   std::vector<const ShardIndex*> index_of(locations.size(), nullptr);
   std::vector<std::string> index_location(locations.size());
+  std::string no_index;  // why a command beside pipe: shards gave none, for the error below
+  bool pipes = false;
   for (size_t i = 0; i < locations.size(); ++i) {
     const ShardLocation& shard = locations[i];
+    pipes = pipes || shard.kind == Kind::kPipe;
     if (options.index.empty() && !has_index_name(shard)) continue;  // streamed
     index_location[i] = options.index.empty() ? index_location_for(shard) : options.index;
     auto found = indexes.find(index_location[i]);
     if (found == indexes.end()) {
       auto index = std::make_unique<ShardIndex>();
-      if (!load_index(index_location[i], shard.location, options, http, *index)) {
+      const bool lenient = options.index.empty() && shard.kind == Kind::kPipe;
+      std::string why;
+      if (!load_index(index_location[i], shard.name(), options, http, lenient, *index, why)) {
         if (!options.index.empty()) {
           throw std::runtime_error("tar_shards: no index at " + options.index +
                                    " (ShardOptions::index)");
         }
+        if (no_index.empty()) no_index = why;
         index.reset();
       }
       found = indexes.emplace(index_location[i], std::move(index)).first;
     }
     index_of[i] = found->second.get();
   }
-  const bool streaming =
-      options.streaming || std::find(index_of.begin(), index_of.end(), nullptr) != index_of.end();
+  // A command's output can only be streamed.
+  const bool streaming = options.streaming || pipes ||
+                         std::find(index_of.begin(), index_of.end(), nullptr) != index_of.end();
 
   const std::vector<std::string>* classes = nullptr;
   for (size_t i = 0; i < locations.size(); ++i) {
     const ShardIndex* index = index_of[i];
     if (index == nullptr) continue;
-    const std::string& where = locations[i].location;
+    const std::string where = locations[i].name();
     if (classes == nullptr) {
       classes = &index->classes;
     } else if (*classes != index->classes) {
@@ -671,12 +827,12 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
     std::vector<size_t> counts;
     bool counts_known = true;
     for (size_t i = 0; i < locations.size(); ++i) {
-      detail::StreamShard s{locations[i].location, locations[i].remote, 0};
+      detail::StreamShard s{locations[i], 0};
       if (index_of[i] != nullptr) {
         const auto samples = index_of[i]->samples.find(file_name_of(locations[i]));
         s.samples = samples == index_of[i]->samples.end() ? 0 : samples->second.size();
-      } else if (!locations[i].remote) {
-        s.samples = detail::count_tar_samples(s.location);
+      } else if (locations[i].kind == Kind::kLocal) {
+        s.samples = detail::count_tar_samples(locations[i].location);
       } else {
         counts_known = false;
       }
@@ -692,9 +848,10 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
     if (positions == 0) {
       if (!counts_known) {
         throw std::invalid_argument(
-            "tar_shards (streaming): remote shards without an index: give "
+            "tar_shards (streaming): remote or pipe: shards without an index: give "
             "ShardOptions::epoch_samples (samples per rank per epoch), or write an index "
-            "(conveyor-prepare)");
+            "(conveyor-prepare)" +
+            (no_index.empty() ? std::string() : " (" + one_line_of(no_index) + ")"));
       }
       positions = detail::ShardStream::equal_positions(counts, options.world_size);
     }
@@ -703,6 +860,21 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
         new ImageSource({}, classes ? *classes : std::vector<std::string>{}, {}, transform));
     source->stream_ = std::make_shared<Stream>(std::move(stream_shards), options, positions);
     return source;
+  }
+
+  // A server that ignores Range would fail every sample: said once, here, with what works.
+  for (const ShardLocation& shard : locations) {
+    if (shard.kind != Kind::kHttp) continue;
+    if (!http) http = std::make_unique<detail::HttpClient>(options);
+    if (http->range_support(shard.location) == detail::HttpClient::RangeSupport::kIgnored) {
+      throw std::runtime_error(
+          "tar_shards: " + shard.location +
+          ": the server ignored a Range request (HTTP 200 with the whole resource). Random "
+          "access reads each sample with a Range request; streaming reads each shard with one "
+          "plain GET and works with this server: set ShardOptions::streaming "
+          "(conveyor-bench --streaming)");
+    }
+    break;  // one request: the first remote shard's server
   }
 
   auto shared = std::make_shared<Shards>();
@@ -715,7 +887,7 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
     const std::string name = file_name_of(shard);
     const uint64_t indexed_bytes = index.shard_bytes.at(name);
     detail::ShardFile file;
-    if (!shard.remote) {
+    if (shard.kind == Kind::kLocal) {
       file = detail::ShardFile(::open(where.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
       if (file.get() < 0) {
         throw std::runtime_error("tar_shards: cannot open shard " + where + ": " +
@@ -740,7 +912,7 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
     const auto shard_number = static_cast<uint32_t>(shared->files.size());
     shared->locations.push_back(where);
     shared->files.push_back(std::move(file));
-    shared->remote = shared->remote || shard.remote;
+    shared->remote = shared->remote || shard.kind == Kind::kHttp;
     const auto samples = index.samples.find(name);
     if (samples == index.samples.end()) continue;  // a shard may hold no sample
     for (const IndexSample& s : samples->second) {

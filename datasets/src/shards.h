@@ -42,6 +42,13 @@ class ShardReader {
 
 using ShardFile = FileDescriptor;  // a local shard's descriptor; -1 for a remote one
 
+// The classes that the index beside the first of `shards` names (as tar_shards finds it: beside
+// the shard, or what a pipe: shard's command writes for it); empty when it has none. For
+// conveyor-prepare, which reads shards in order through TarSampleReader. Throws as tar_shards
+// does for an index that cannot be read or parsed.
+std::vector<std::string> shard_classes(const std::vector<ShardLocation>& shards,
+                                       const ShardOptions& options);
+
 }  // namespace detail
 
 struct ImageSource::Shards {

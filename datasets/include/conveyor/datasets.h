@@ -155,7 +155,12 @@ struct ShardOptions {
   std::chrono::milliseconds backoff_max{2000};
   // HTTP(S) only: the deadline of one request, from connecting to its last byte, and of
   // connecting alone. A read thus ends, at the latest, after (retries + 1) request deadlines plus
-  // the backoff.
+  // the backoff. Streaming reads each shard with one GET, however long it takes: there
+  // request_timeout is the longest wait for its next bytes, and the same holds for a pipe:
+  // command's output. A streamed shard whose connection drops, or whose command fails, is read
+  // again from where it stopped (a Range request, where the server honours it) or from its
+  // beginning, skipping the bytes already read; `retries` counts the attempts in a row that
+  // brought no new byte.
   std::chrono::milliseconds request_timeout{30000};
   std::chrono::milliseconds connect_timeout{5000};
   // HTTP(S), random-access mode: Range requests each worker keeps in flight for the samples it
@@ -164,13 +169,14 @@ struct ShardOptions {
   size_t requests_in_flight = 4;
 
   // Streaming mode: each shard is read whole, in order, instead of one ranged read per sample.
-  // Chosen when `streaming` is true, or when a shard has no index. The order is a pure function
-  // of (the loader's seed, epoch): the shards are permuted per epoch and split over the ranks
-  // (rank r takes every world_size-th), then the rank's samples pass through a shuffle buffer of
-  // up to `shuffle_buffer` samples (1: the shards' own order; as WebDataset's shuffle, output
-  // starts once 100 are in, and the buffer fills two in for one out). One reader thread per source
-  // reads the shards; the loader's workers decode. Read it with the loader's default sequential
-  // sampler (the order comes from the stream); every rank has the same number of samples per epoch.
+  // Chosen when `streaming` is true, when a shard has no index, or for pipe: shards. The order is a
+  // pure function of (the loader's seed, epoch): the shards are permuted per epoch and split over
+  // the ranks (rank r takes every world_size-th), then the rank's samples pass through a shuffle
+  // buffer of up to `shuffle_buffer` samples (1: the shards' own order; as WebDataset's shuffle,
+  // output starts once 100 are in, and the buffer fills two in for one out). One reader thread per
+  // source reads the shards; the loader's workers decode. Read it with the loader's default
+  // sequential sampler (the order comes from the stream); every rank has the same number of samples
+  // per epoch.
   bool streaming = false;
   size_t shuffle_buffer = 1000;
   size_t rank = 0;  // this process's rank, and the ranks that share the shards (streaming)
@@ -207,9 +213,13 @@ class ImageSource : public SampleSource {
                                                 ImageTransform transform);
   // WebDataset tar shards: what conveyor-prepare --format wds writes (tools/prepare.cpp), or any
   // tar whose samples are KEY.jpg (or .jpeg) + KEY.cls (the label as decimal text). `shards` are
-  // local paths, file:// or http(s):// URLs, each possibly in WebDataset's brace notation
-  // (expand_shard_braces: "train-{000000..000012}.tar"). A shard named PREFIX-NNNNNN.tar (any
-  // number of digits) is indexed by PREFIX.index.json beside it (or by options.index).
+  // local paths, file:// or http(s):// URLs, or pipe:COMMAND (ShardLocation), each possibly in
+  // WebDataset's brace notation (expand_shard_braces: "train-{000000..000012}.tar"). A shard
+  // named PREFIX-NNNNNN.tar (any number of digits) is indexed by PREFIX.index.json beside it (or
+  // by options.index). For pipe:COMMAND the name is the last word of COMMAND that ends in .tar,
+  // and the index is what COMMAND writes with that word's PREFIX-NNNNNN.tar replaced by
+  // PREFIX.index.json ("pipe:aws s3 cp s3://b/train-000003.tar -" is indexed by "aws s3 cp
+  // s3://b/train.index.json -"); a command that fails or writes no index means no index.
   //
   // Random-access mode (every shard has an index, and options.streaming is false): the dataset is
   // the shards in the order given (after expansion), each shard's samples in the index's order;
@@ -220,24 +230,32 @@ class ImageSource : public SampleSource {
   // items()[i].path read "SHARD (member KEY.jpg)". A shard shorter than its index says
   // (truncated) fails only the samples it cuts: their reads throw naming the shard and the byte
   // range (the loader adds the member and the sample), through the loader's on_error policy.
+  // A remote server that ignores Range requests is found here, with one request of one byte:
+  // tar_shards then throws naming the URL and saying that streaming works with that server.
   //
   // Streaming mode (options.streaming, or a shard without an index; see ShardOptions): size() is
   // the samples per rank per epoch, sample i is position i of the epoch's stream, and items() is
   // empty; use the loader's default sequential sampler (not DistributedSampler: the ranks are
   // options.rank of options.world_size) and one loader at a time per source. Resume works: the
-  // stream is read again from its start up to the checkpoint. A shard that cannot be read
-  // (truncated, a dead server) loses the samples it still held; the stream then ends early and
-  // its last positions fail through on_error, naming the shards' errors. describe(i) names the
+  // stream is read again from its start up to the checkpoint. A remote shard is one plain GET
+  // (no Range needed), a pipe: shard the standard output of its command (run by /bin/sh -c with
+  // the process's environment, in its own process group; a source destroyed mid-shard kills the
+  // group and reaps it). A dropped connection or a failed command is retried (ShardOptions), and
+  // the shard goes on from the byte where it stopped: no sample is read twice. A shard that still
+  // cannot be read (truncated, a dead server, a command that keeps failing) loses the samples it
+  // still held; the stream then ends early and its last positions fail through on_error, naming
+  // the failed shards, one line each (the first three, and how many more). describe(i) names the
   // shard and member while position i is held.
   //
   // HTTP requests that time out, are refused or reset, or get 5xx, 408 or 429 are retried
   // (ShardOptions); then, or at once for other statuses, the read throws naming the URL and the
   // HTTP status. Every request has a deadline, so a dead server never hangs a worker.
   // Throws std::invalid_argument for an unsupported URL scheme, malformed braces, a rank outside
-  // world_size, fewer shards than ranks, or remote streamed shards without an index or
+  // world_size, fewer shards than ranks, or remote or pipe: shards streamed without an index or
   // epoch_samples; std::runtime_error naming the file or URL for a missing or unreadable shard
   // or index, a malformed index, a shard the index does not list, a local shard longer than the
-  // index says (rewritten since), or shards that hold no samples.
+  // index says (rewritten since), a server that ignores Range in random-access mode, or shards
+  // that hold no samples.
   static std::unique_ptr<ImageSource> tar_shards(const std::vector<std::string>& shards,
                                                  ImageTransform transform,
                                                  const ShardOptions& options = ShardOptions());
@@ -289,6 +307,37 @@ class ImageSource : public SampleSource {
 // braces expand left to right. Text without braces is returned as it is. Throws
 // std::invalid_argument naming the pattern on an unmatched brace.
 std::vector<std::string> expand_shard_braces(const std::string& pattern);
+
+// Where one shard is read from. The same forms name shards everywhere: ImageSource::tar_shards,
+// conveyor-prepare's SRC and conveyor-bench's --data, all through the functions below.
+struct ShardLocation {
+  enum class Kind {
+    kLocal,  // a path, or file:///PATH (percent escapes decoded)
+    kHttp,   // an http:// or https:// URL
+    kPipe,   // pipe:COMMAND: the shard is what COMMAND, run by /bin/sh -c, writes to stdout
+  };
+  Kind kind = Kind::kLocal;
+  std::string location;  // the path, the URL, or the command (without "pipe:")
+  // How messages name the shard: "pipe:COMMAND" for a command, else `location`.
+  std::string name() const;
+};
+
+// Parses one shard name (after brace expansion). Throws std::invalid_argument naming it for an
+// unsupported URL scheme (s3:// and gs:// are answered with the pipe: command that reads them),
+// a file:// URL without an absolute path, or pipe: without a command.
+ShardLocation parse_shard_location(const std::string& shard);
+
+// Every shard `patterns` name, in order: each pattern brace-expanded (a pipe: command too, as
+// WebDataset does), then parsed. Throws as expand_shard_braces and parse_shard_location do.
+std::vector<ShardLocation> expand_shard_locations(const std::vector<std::string>& patterns);
+
+// The shard patterns of one command-line argument: `text` split at the commas outside braces
+// and quotes ("{train,val}.tar" and "pipe:curl -H 'a, b' URL" stay whole); empty pieces dropped.
+std::vector<std::string> split_shard_patterns(const std::string& text);
+
+// True when `text` (a command-line argument) names tar shards rather than a folder or a file
+// list: it starts with pipe:, http://, https:// or file://, ends in .tar, or holds '{' and .tar.
+bool names_tar_shards(const std::string& text);
 
 // Reads a whole file into `out` (reusing its capacity). Throws naming the path when the file is
 // missing, not a regular file, unreadable or empty.
