@@ -89,6 +89,7 @@ TEST(PipeShards, CatStreamsEverySampleOnceAsTheFileDoes) {
     EXPECT_EQ(sizes[0], sizes[1]);
     EXPECT_EQ(std::set<Sample>(both.begin(), both.end()).size(), both.size());
   }
+  piped.reset();  // its reader reaps the last command once it has emitted the last position
   EXPECT_TRUE(child_processes().empty()) << "every command was reaped";
 
   // Without an index the count cannot be known: the error says so, and why the command for the
@@ -196,6 +197,7 @@ TEST(PipeShards, ACommandThatFailsAfterHalfItsShardIsRetriedThenFailsOrIsSkipped
     }
   });
   EXPECT_EQ(lines_in(runs), 6u);
+  source.reset();
   EXPECT_TRUE(child_processes().empty());
 }
 
@@ -209,7 +211,9 @@ TEST(PipeShards, ACommandThatNeverWritesMeetsTheDeadline) {
   size_t in_first = 0;
   for (const auto& m : members) in_first += m.shard == fs::path(local[0]).filename().string();
   const fs::path runs = p.dir / "runs";
-  const std::string silent = "echo run >> " + runs.string() + "; sleep 30; cat " + local[0];
+  const fs::path sleeps = p.dir / "sleeps";
+  const std::string silent = "echo run >> " + runs.string() + "; sleep 30 & echo $! >> " +
+                             sleeps.string() + "; wait; cat " + local[0];
   ShardOptions o = quick_pipes();
   o.index = p.prefix.string() + ".index.json";
   o.retries = 1;
@@ -236,7 +240,12 @@ TEST(PipeShards, ACommandThatNeverWritesMeetsTheDeadline) {
   });
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 20s) << "not the sleep's 30 s";
   EXPECT_EQ(lines_in(runs), 2u);
-  EXPECT_TRUE(child_processes().empty()) << "the commands and their sleeps were killed";
+  source.reset();
+  EXPECT_TRUE(child_processes().empty()) << "the commands were killed and reaped";
+  std::ifstream in(sleeps);
+  size_t count = 0;
+  for (int pid; in >> pid; ++count) EXPECT_TRUE(process_ended(pid)) << "sleep " << pid;
+  EXPECT_EQ(count, 2u) << "a sleep per attempt, each killed with its group";
 }
 
 // One shard of 21 samples; its command writes the first 15 and sleeps, beside a background

@@ -616,7 +616,9 @@ class HttpShardStream final : public ShardByteStream {
 
  protected:
   uint64_t start(uint64_t offset) override {
-    t_.attach(url_, offset, etag_.empty() ? last_modified_ : etag_);
+    // If-Range takes a strong ETag, else the date: a resource changed since gets a 200.
+    const bool strong = !etag_.empty() && etag_.rfind("W/", 0) != 0;
+    t_.attach(url_, offset, strong ? etag_ : last_modified_);
     const auto deadline = Clock::now() + options_.request_timeout;
     while (t_.pending.empty() && !t_.done) {  // until the body starts, or the transfer ends
       if (Clock::now() >= deadline) {
