@@ -5,8 +5,9 @@
 // machine). Rank 0 serves a c10d::TCPStore; every rank joins a ProcessGroupGloo through it. Each
 // rank loads its own share of every epoch through a conveyor::DataLoader with a DistributedSampler,
 // computes the gradients of a small MLP on its batch, all-reduces them (sum, then / world size) and
-// steps SGD, so the replicas stay identical. On a GPU machine rank r trains on cuda:LOCAL_RANK (the
-// loader delivers its batches there); on the CPU the same loop runs with Gloo alone.
+// steps SGD, so the replicas stay identical. On a GPU machine rank r trains on cuda:LOCAL_RANK, or
+// on cuda:0 where each rank sees one GPU of its own (conveyor::device_for_local_rank; the loader
+// delivers its batches there); on the CPU the same loop runs with Gloo alone.
 //
 // Checkpoints (--checkpoint DIR): every --checkpoint-every steps and at each epoch's end, each rank
 // writes DIR/step-S/rank-R.pt (the loader's position and the step counter), rank 0 also
@@ -27,6 +28,8 @@
 //   --die-at-step S --die-rank R   rank R sends itself SIGKILL on receiving the batch of step S
 //   --stop-at-step S               checkpoint after step S-1 (with --checkpoint) and exit 0
 #include <torch/torch.h>
+
+#include <c10/cuda/CUDAFunctions.h>
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -381,10 +384,10 @@ bool check_coverage(const Group& g, const Settings& s, int64_t epoch, bool whole
 int train(const Settings& s) {
   const Group g = join_group();
   const int64_t local_rank = env_int("LOCAL_RANK", g.rank);
-  const torch::Device device =
-      conveyor::cuda_available()
-          ? torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank))
-          : torch::Device(torch::kCPU);
+  // cuda:LOCAL_RANK on a node whose GPUs every rank sees; cuda:0 where each rank sees one GPU
+  // (SLURM, or CUDA_VISIBLE_DEVICES per rank); the CPU without a GPU.
+  const torch::Device device = conveyor::device_for_local_rank(local_rank);
+  if (device.is_cuda()) c10::cuda::set_device(device.index());  // torch's "cuda" is this GPU too
 
   conveyor::LoaderOptions options;
   options.batch_size = s.batch;

@@ -355,11 +355,18 @@ TEST(DeviceStager, DeliversInStageOrderFailuresInTheirTurnAndEverySlotComesBack)
     stager.stage(batch_of(2), {at::full({1}, 102, at::kLong)}, nullptr,
                  [&] { finished.fetch_add(1); });
     EXPECT_TRUE(stager.full());
-    Batch first = stager.deliver();
-    EXPECT_EQ(first.sequence, 0u);
-    EXPECT_EQ(first.fields[0].item<int64_t>(), 100);  // the copy is done once delivered
-    EXPECT_THROW(stager.deliver(), std::runtime_error);
-    EXPECT_EQ(stager.deliver().fields[0].item<int64_t>(), 102);
+    detail::DeviceStager::Delivered first = stager.deliver();
+    ASSERT_TRUE(first.batch);
+    EXPECT_EQ(first.batch->sequence, 0u);
+    EXPECT_EQ(first.batch->fields[0].item<int64_t>(), 100);  // the copy is done once delivered
+    ASSERT_NE(first.batch->copy_fence, nullptr);
+    EXPECT_TRUE(first.batch->copy_fence->done());
+    detail::DeviceStager::Delivered second = stager.deliver();
+    EXPECT_FALSE(second.batch);
+    EXPECT_THROW(std::rethrow_exception(second.failure), std::runtime_error);
+    detail::DeviceStager::Delivered third = stager.deliver();
+    ASSERT_TRUE(third.batch);
+    EXPECT_EQ(third.batch->fields[0].item<int64_t>(), 102);
     EXPECT_TRUE(stager.empty());
     stager.stage(batch_of(3), {at::full({1}, 103, at::kLong)}, nullptr,
                  [&] { finished.fetch_add(1); });

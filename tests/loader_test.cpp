@@ -421,8 +421,8 @@ class FailingCopyEngine : public LateCopyEngine {
  public:
   explicit FailingCopyEngine(std::set<int> fail_calls)
       : LateCopyEngine(1ms), fail_(std::move(fail_calls)) {}
-  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, CudaEvent* event,
-                                std::function<void()> on_finished) override {
+  DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent* event,
+                   std::function<void()> on_finished) override {
     if (fail_.count(calls_++)) {
       on_finished();
       throw std::runtime_error("synthetic device out of memory");
@@ -586,146 +586,68 @@ TEST(Loader, IteratorMisuseIsAnError) {
   EXPECT_THROW(DataLoader(std::make_shared<IndexSource>(4), zero), std::invalid_argument);
 }
 
-// GPU: these compile everywhere and run where a CUDA device is present.
-TEST(LoaderGpu, BatchesOnCudaEqualTheCpuResult) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine";
-  LoaderOptions o;
-  o.batch_size = 16;
-  o.workers = 4;
-  DataLoader cpu(std::make_shared<IndexSource>(200), o, RandomSampler::make(9));
-  o.device = c10::Device("cuda:0");
-  DataLoader gpu(std::make_shared<IndexSource>(200), o, RandomSampler::make(9));
-  EXPECT_TRUE(gpu.is_pinned());
-  auto a = cpu.begin();
-  auto b = gpu.begin();
-  for (; a != cpu.end(); ++a, ++b) {
-    ASSERT_NE(b, gpu.end());
-    EXPECT_TRUE(b->fields[0].is_cuda());
-    EXPECT_TRUE(at::equal(a->fields[0], b->fields[0].cpu()));
+// poll(): a bounded wait that never loses or doubles a batch, on the CPU path and through a copy
+// stage, and whose `timeout` counts from the first wait for a batch, across polls.
+TEST(Loader, PollWaitsAtMostItsTimeAndLosesNothing) {
+  for (bool copy_stage : {false, true}) {
+    auto source = std::make_shared<IndexSource>(48);
+    source->delay = 3ms;  // each batch of 8 takes about 24 ms on one worker
+    LoaderOptions o;
+    o.batch_size = 8;
+    o.workers = 1;
+    o.slots = 2;
+    DataLoader loader(source, o, nullptr,
+                      copy_stage ? std::make_unique<LateCopyEngine>(5ms) : nullptr);
+    std::vector<int64_t> seen;
+    size_t nothing_yet = 0;
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      seen.clear();
+      for (;;) {
+        DataLoader::Poll p = loader.poll(epoch == 0 ? 0ms : 2ms);
+        if (p.end) break;
+        if (!p.batch) {
+          ++nothing_yet;
+          continue;
+        }
+        auto v = values(*p.batch);
+        seen.insert(seen.end(), v.begin(), v.end());
+      }
+      std::vector<int64_t> expected(48);
+      std::iota(expected.begin(), expected.end(), 0);
+      EXPECT_EQ(seen, expected) << (copy_stage ? "copy stage" : "cpu") << ", epoch " << epoch;
+      EXPECT_TRUE(loader.poll(0ms).end);  // the end stays the end until the next begin()
+      loader.start_epoch();
+    }
+    EXPECT_GT(nothing_yet, 0u) << "a 0 ms poll found a batch ready every time";
   }
-  EXPECT_EQ(b, gpu.end());
 }
 
-TEST(LoaderGpu, ConsumerStreamIsOrderedAfterTheCopy) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine";
+TEST(Loader, TheTimeoutCountsAcrossPolls) {
+  auto source = std::make_shared<IndexSource>(16);
+  source->stall_at = {4};
   LoaderOptions o;
-  o.batch_size = 64;
-  o.workers = 2;
-  o.device = c10::Device("cuda:0");
-  auto source = std::make_shared<PatternSource>(512, 1 << 20);  // 1 MiB samples: slow copies
+  o.batch_size = 4;
+  o.workers = 1;
+  o.timeout = 400ms;
   DataLoader loader(source, o);
-  size_t batch = 0;
-  for (Batch& b : loader) {
-    // Read on the consumer's current stream right away: must see the copied bytes.
-    at::Tensor row = b.images()[0].cpu();
-    EXPECT_EQ(row[7].item<uint8_t>(), PatternSource::pattern_byte(batch * 64, 7));
-    ++batch;
-  }
-  EXPECT_EQ(batch, 8u);
-}
-
-// CopyCompletion::kEventThread, through a wrapper that checks every hand-back: it must come after
-// the slot's copy has completed (the slot's event, recorded after the copy, has completed), and
-// exactly once per start().
-class CheckedHandBacks final : public CopyEngine {
- public:
-  struct Counts {
-    std::atomic<int> started{0}, finished{0}, early{0};
-  };
-  CheckedHandBacks(std::unique_ptr<CopyEngine> inner, std::shared_ptr<Counts> counts)
-      : inner_(std::move(inner)), counts_(std::move(counts)) {}
-  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, CudaEvent* event,
-                                std::function<void()> on_finished) override {
-    counts_->started++;
-    cudaEvent_t slot_event = event != nullptr ? event->native_handle() : nullptr;
-    // The event thread (unlike a host callback) may call CUDA: query the slot's event there.
-    return inner_->start(host, event, [counts = counts_, slot_event, f = std::move(on_finished)] {
-      if (slot_event == nullptr || cudaEventQuery(slot_event) != cudaSuccess) counts->early++;
-      counts->finished++;
-      f();
-    });
-  }
-  void make_visible(std::vector<at::Tensor>& device, CudaEvent* event) override {
-    inner_->make_visible(device, event);
-  }
-  c10::Device device() const override { return inner_->device(); }
-  void check() override { inner_->check(); }
-
- private:
-  std::unique_ptr<CopyEngine> inner_;
-  std::shared_ptr<Counts> counts_;
-};
-
-// Few slots, slow copies, and a consumer that keeps the batches and checks them only at the end,
-// so that it runs ahead and every slot is refilled as soon as it is handed back: a slot handed
-// back before its copy finished would show as wrong bytes, and as an early hand-back.
-TEST(LoaderGpu, EventThreadCompletionHandsEachSlotBackOnceAfterItsCopy) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine";
-  LoaderOptions o;
-  o.batch_size = 32;
-  o.workers = 2;
-  o.slots = 4;
-  o.prefetch_factor = 2;
-  o.timeout = std::chrono::seconds(30);  // a lost hand-back fails instead of hanging
-  o.device = c10::Device("cuda:0");
-  auto counts = std::make_shared<CheckedHandBacks::Counts>();
-  auto source = std::make_shared<PatternSource>(32 * 24, 1 << 20);  // 32 MiB per batch
-  std::vector<Batch> batches;
-  {
-    DataLoader loader(source, o, RandomSampler::make(4),
-                      std::make_unique<CheckedHandBacks>(
-                          make_cuda_copy_engine(o.device, CopyCompletion::kEventThread), counts));
-    for (Batch& b : loader) batches.push_back(b);
-  }
-  EXPECT_EQ(counts->early.load(), 0);
-  EXPECT_EQ(counts->finished.load(), counts->started.load());
-  EXPECT_GE(counts->started.load(), 24);
-  ASSERT_EQ(batches.size(), 24u);
-  for (size_t n = 0; n < batches.size(); ++n) {
-    const Batch& b = batches[n];
-    ASSERT_TRUE(b.images().is_cuda());
-    at::Tensor images = b.images().cpu();
-    at::Tensor labels = b.labels().cpu();
-    for (int64_t row = 0; row < images.size(0); ++row) {
-      const auto index = static_cast<size_t>(labels[row].item<int64_t>());
-      ASSERT_EQ(index, b.indices[static_cast<size_t>(row)]);
-      for (int64_t offset : {int64_t{0}, int64_t{4099}, int64_t{(1 << 20) - 1}}) {
-        ASSERT_EQ(images[row][offset].item<uint8_t>(),
-                  PatternSource::pattern_byte(index, static_cast<size_t>(offset)))
-            << "batch " << n << " row " << row;
+  ASSERT_TRUE(loader.next());  // batch 0; batch 1 stalls
+  size_t polls = 0;
+  finishes_within(20s, "polling a stalled batch", [&] {
+    try {
+      for (;;) {
+        DataLoader::Poll p = loader.poll(50ms);
+        ASSERT_FALSE(p.batch || p.end);
+        ++polls;
       }
+    } catch (const TimeoutError& e) {
+      EXPECT_NE(std::string(e.what()).find("400 ms"), std::string::npos) << e.what();
     }
-  }
-}
-
-// Breaking out of an epoch, starting another and destroying the loader with copies queued: every
-// started copy is handed back exactly once, none early, and nothing hangs.
-TEST(LoaderGpu, EventThreadCompletionSurvivesBreakingOutAndDestroyingMidEpoch) {
-  if (!cuda_available()) GTEST_SKIP() << "no CUDA device on this machine";
-  LoaderOptions o;
-  o.batch_size = 16;
-  o.workers = 3;
-  o.timeout = std::chrono::seconds(30);
-  o.device = c10::Device("cuda:0");
-  auto source = std::make_shared<PatternSource>(16 * 40, 1 << 18);
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    auto counts = std::make_shared<CheckedHandBacks::Counts>();
-    {
-      DataLoader loader(source, o, RandomSampler::make(static_cast<uint64_t>(attempt)),
-                        std::make_unique<CheckedHandBacks>(
-                            make_cuda_copy_engine(o.device, CopyCompletion::kEventThread), counts));
-      size_t seen = 0;
-      for (Batch& b : loader) {
-        EXPECT_TRUE(b.images().is_cuda());
-        if (++seen == static_cast<size_t>(2 + attempt)) break;  // copies still in flight
-      }
-      auto it = loader.begin();  // a second epoch, abandoned after one batch
-      ASSERT_NE(it, loader.end());
-    }
-    EXPECT_EQ(counts->early.load(), 0) << "attempt " << attempt;
-    EXPECT_EQ(counts->finished.load(), counts->started.load()) << "attempt " << attempt;
-    EXPECT_GT(counts->started.load(), 0) << "attempt " << attempt;
-  }
+  });
+  EXPECT_GE(polls, 2u);  // several short polls, then the loader's own timeout
+  source->unstall();
+  auto late = loader.next();  // the batch still arrives once the worker is unstuck
+  ASSERT_TRUE(late);
+  EXPECT_EQ(values(*late), (std::vector<int64_t>{4, 5, 6, 7}));
 }
 
 }  // namespace

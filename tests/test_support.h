@@ -16,6 +16,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -119,6 +120,22 @@ class IndexSource : public SampleSource {
   bool release_stall = false;
 };
 
+// The fence of a host-side copy engine: a stream "waits" by the host waiting for the copy.
+class HostCopyFence : public CopyFence {
+ public:
+  explicit HostCopyFence(std::shared_future<void> done) : done_(std::move(done)) {}
+  void use_on(c10::Stream, const std::vector<at::Tensor>&) const override { done_.wait(); }
+  c10::Stream current_stream() const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CPU));
+  }
+  bool done() const override {
+    return done_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
+
+ private:
+  std::shared_future<void> done_;
+};
+
 // A test double of the CUDA copy stage: copies on its own thread, each finishing `latency` after
 // it was started, into CPU tensors. It checks that the source bytes are unchanged between start
 // and finish, which fails if the loader reused a slot while its copy was still reading it.
@@ -135,8 +152,8 @@ class LateCopyEngine : public CopyEngine {
     cv_.notify_all();
     thread_.join();
   }
-  std::vector<at::Tensor> start(const std::vector<at::Tensor>& host, CudaEvent*,
-                                std::function<void()> on_finished) override {
+  DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent*,
+                   std::function<void()> on_finished) override {
     Job job;
     job.due = std::chrono::steady_clock::now() + latency_;
     job.host = host;
@@ -145,24 +162,15 @@ class LateCopyEngine : public CopyEngine {
       job.snapshot.push_back(h.clone());  // what the slot held when the copy started
     }
     job.on_finished = std::move(on_finished);
-    job.done = std::make_shared<std::promise<void>>();
-    std::vector<at::Tensor> out = job.device;
+    std::promise<void> done;
+    DeviceCopy copy{job.device, std::make_shared<HostCopyFence>(done.get_future().share())};
+    job.done = std::move(done);
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      pending_[out[0].data_ptr()] = job.done->get_future().share();
       queue_.push_back(std::move(job));
     }
     cv_.notify_all();
-    return out;
-  }
-  void make_visible(std::vector<at::Tensor>& device, CudaEvent*) override {
-    std::shared_future<void> done;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      done = pending_.at(device[0].data_ptr());
-      pending_.erase(device[0].data_ptr());
-    }
-    done.wait();
+    return copy;
   }
   c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
 
@@ -174,7 +182,7 @@ class LateCopyEngine : public CopyEngine {
     std::chrono::steady_clock::time_point due;
     std::vector<at::Tensor> host, device, snapshot;
     std::function<void()> on_finished;
-    std::shared_ptr<std::promise<void>> done;
+    std::promise<void> done;
   };
   void run() {
     for (;;) {
@@ -192,7 +200,7 @@ class LateCopyEngine : public CopyEngine {
         job.device[i].copy_(job.host[i]);
       }
       copies.fetch_add(1);
-      job.done->set_value();
+      job.done.set_value();
       job.on_finished();
     }
   }
@@ -200,9 +208,45 @@ class LateCopyEngine : public CopyEngine {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
-  std::map<void*, std::shared_future<void>> pending_;
   bool stop_ = false;
   std::thread thread_;
+};
+
+// A copy stage whose copies complete at once, inside start(), as a fast GPU's do: each slot is
+// handed back before its batch is handed out, so the loader runs up to slots + prefetch_factor
+// batches ahead of the consumer. Optionally it loses hand-backs (never calls on_finished from
+// start number `lose_from` on), as hand-backs that threw on CUDA's callback thread would, and
+// reports it through check() when `report_loss` is set, as the CUDA engine does.
+class InstantCopyEngine : public CopyEngine {
+ public:
+  InstantCopyEngine() = default;
+  InstantCopyEngine(size_t lose_from, bool report_loss) : lose_(lose_from), report_(report_loss) {}
+  DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent*,
+                   std::function<void()> on_finished) override {
+    DeviceCopy copy;
+    for (const auto& h : host) copy.tensors.push_back(h.clone());
+    std::promise<void> done;
+    done.set_value();
+    copy.fence = std::make_shared<HostCopyFence>(done.get_future().share());
+    if (lose_ && starts_ >= *lose_) {
+      lost_ = true;
+    } else {
+      on_finished();
+    }
+    ++starts_;
+    return copy;
+  }
+  c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
+  void check() override {
+    if (lost_ && report_) throw std::runtime_error("synthetic lost hand-back: a slot is lost");
+  }
+  size_t starts() const { return starts_; }
+
+ private:
+  std::optional<size_t> lose_;
+  bool report_ = false;
+  bool lost_ = false;
+  size_t starts_ = 0;
 };
 
 // Runs `body` on another thread; if it has not finished within `limit` (a deadlock), the whole

@@ -7,42 +7,64 @@
 namespace conveyor::detail {
 
 DeviceStager::DeviceStager(std::unique_ptr<CopyEngine> engine, size_t depth)
-    : engine_(std::move(engine)), depth_(depth) {
-  CONVEYOR_CHECK(engine_ != nullptr && depth_ >= 1, "a stager has an engine and a depth");
+    : engine_(std::move(engine)), ring_(depth) {
+  CONVEYOR_CHECK(engine_ != nullptr && depth >= 1, "a stager has an engine and a depth");
 }
 
 DeviceStager::~DeviceStager() {
-  staged_.clear();
+  clear();
   engine_.reset();  // waits for outstanding copies and their callbacks
 }
 
-void DeviceStager::stage(Batch batch, const std::vector<at::Tensor>& host, SlotEvent event,
-                         std::function<void()> on_finished) {
-  CONVEYOR_DEBUG_CHECK(!full(), "the consumer stages at most prefetch_factor batches");
-  Staged staged{std::move(batch), event, nullptr};
+DeviceStager::Staged& DeviceStager::push_slot() {
+  CONVEYOR_CHECK(!full(), "the consumer stages at most prefetch_factor batches");
+  Staged& staged = ring_[(head_ + count_) % ring_.size()];
+  ++count_;
+  return staged;
+}
+
+void DeviceStager::stage(Batch batch, const std::vector<at::Tensor>& host, CudaEvent* slot_event,
+                         std::function<void()> on_finished) noexcept {
+  Staged& staged = push_slot();
+  staged.batch = std::move(batch);
   try {
-    staged.batch.fields = engine_->start(host, event, std::move(on_finished));
+    DeviceCopy copy = engine_->start(host, slot_event, std::move(on_finished));
+    CONVEYOR_CHECK(copy.fence != nullptr, "a copy engine gives every copy a fence");
+    staged.batch.fields = std::move(copy.tensors);
+    staged.batch.copy_fence = std::move(copy.fence);
   } catch (...) {  // the engine has handed the slot back through on_finished
     staged.failure = std::current_exception();
     staged.batch.fields.clear();
   }
-  staged_.push_back(std::move(staged));
 }
 
-void DeviceStager::stage_failure(std::exception_ptr failure) {
-  Staged staged;
+void DeviceStager::stage_failure(std::exception_ptr failure) noexcept {
+  Staged& staged = push_slot();
   staged.failure = std::move(failure);
-  staged_.push_back(std::move(staged));
 }
 
-Batch DeviceStager::deliver() {
-  CONVEYOR_CHECK(!staged_.empty(), "deliver() follows a stage()");
-  Staged staged = std::move(staged_.front());
-  staged_.pop_front();
-  if (staged.failure) std::rethrow_exception(staged.failure);
-  // Order the caller after this batch's copy before the slot's event can be re-recorded.
-  engine_->make_visible(staged.batch.fields, staged.event);
-  return std::move(staged.batch);
+DeviceStager::Delivered DeviceStager::deliver() {
+  CONVEYOR_CHECK(!empty(), "deliver() follows a stage()");
+  Staged& front = ring_[head_];
+  Delivered delivered;
+  if (front.failure) {
+    delivered.failure = std::exchange(front.failure, nullptr);
+  } else {
+    // The consumer's current stream waits for this batch's own copy (may throw: it stays first).
+    const CopyFence& fence = *front.batch.copy_fence;
+    fence.use_on(fence.current_stream(), front.batch.fields);
+    delivered.batch.emplace(std::move(front.batch));
+  }
+  front = Staged{};
+  head_ = (head_ + 1) % ring_.size();
+  --count_;
+  return delivered;
+}
+
+void DeviceStager::clear() {
+  for (Staged& staged : ring_) staged = Staged{};
+  head_ = 0;
+  count_ = 0;
 }
 
 }  // namespace conveyor::detail

@@ -2,24 +2,27 @@
 //
 // What it is for: keeping up to `depth` (prefetch_factor) batches' host-to-device copies in flight
 // on the CopyEngine's side stream, ahead of the training loop, and handing them out in the order
-// they were staged, each made safe to use on the consumer's stream.
+// they were staged, each made safe to use on the consumer's current stream.
 //
 // Invariants:
 //   * Batches leave in the order they were staged; a failed batch (a sample error, or a copy that
-//     could not start) holds its place and raises when its turn comes.
+//     could not start) holds its place and is handed out as its failure when its turn comes.
 //   * Every staged copy's on_finished runs exactly once (the CopyEngine's guarantee), after the
 //     copy stopped reading the slot; that is what hands the slot back (kCopying -> kFree). So
 //     clear() need not wait: dropping a staged batch never frees a slot early.
-//   * deliver() calls make_visible() before the batch reaches the user, so the consumer's stream
-//     waits on the slot's event and the slot's event is not recorded again before that.
+//   * deliver() orders the consumer's current stream after the batch's own copy (its fence)
+//     before the batch leaves: a fence is the batch's, never reused while the batch lives, so a
+//     later copy into the same slot cannot make the consumer wait for the wrong copy.
+//   * The staged batches live in a ring of `depth` entries allocated once: staging and delivering
+//     allocate nothing of their own, so no batch is lost to an allocation failure in here.
 // Thread safety: the consumer thread only (on_finished runs on the engine's callback thread).
 #pragma once
 
 #include <cstddef>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -30,9 +33,6 @@
 
 namespace conveyor::detail {
 
-// What SlotRing::begin_copy() gives the copy stage for a slot: its CUDA event, or null.
-using SlotEvent = decltype(std::declval<SlotRing&>().begin_copy(0));
-
 class DeviceStager {
  public:
   DeviceStager(std::unique_ptr<CopyEngine> engine, size_t depth);
@@ -41,21 +41,28 @@ class DeviceStager {
   DeviceStager(const DeviceStager&) = delete;
   DeviceStager& operator=(const DeviceStager&) = delete;
 
-  bool full() const { return staged_.size() >= depth_; }
-  bool empty() const { return staged_.empty(); }
-  size_t size() const { return staged_.size(); }
+  bool full() const { return count_ >= ring_.size(); }
+  bool empty() const { return count_ == 0; }
+  size_t size() const { return count_; }
 
   // Starts copying `host` (tensors viewing a slot in kCopying) to the device; `batch` is the
   // batch without its tensors. on_finished hands the slot back; it runs exactly once, also when
-  // the copy cannot start (then the failure is staged in the batch's place).
-  void stage(Batch batch, const std::vector<at::Tensor>& host, SlotEvent event,
-             std::function<void()> on_finished);
-  // A batch that failed: raised in its turn.
-  void stage_failure(std::exception_ptr failure);
-  // The oldest staged batch, made visible to the caller's stream; rethrows its failure.
-  Batch deliver();
+  // the copy cannot start (then the failure is staged in the batch's place). Never throws.
+  void stage(Batch batch, const std::vector<at::Tensor>& host, CudaEvent* slot_event,
+             std::function<void()> on_finished) noexcept;
+  // A batch that failed: handed out as its failure in its turn. Never throws.
+  void stage_failure(std::exception_ptr failure) noexcept;
+
+  // The oldest staged batch, made visible to the caller's current stream, or its failure; either
+  // way it has left the stager. If making it visible throws, it stays first and the exception
+  // propagates (a later deliver() tries again).
+  struct Delivered {
+    std::optional<Batch> batch;
+    std::exception_ptr failure;
+  };
+  Delivered deliver();
   // Forgets every staged batch (a cancelled epoch); their slots come back through on_finished.
-  void clear() { staged_.clear(); }
+  void clear();
 
   CopyEngine& engine() { return *engine_; }
   const CopyEngine& engine() const { return *engine_; }
@@ -63,12 +70,14 @@ class DeviceStager {
  private:
   struct Staged {
     Batch batch;
-    SlotEvent event{};
     std::exception_ptr failure;
   };
+  Staged& push_slot();
+
   std::unique_ptr<CopyEngine> engine_;
-  size_t depth_;
-  std::deque<Staged> staged_;
+  std::vector<Staged> ring_;  // depth entries; [head_, head_ + count_) modulo depth are staged
+  size_t head_ = 0;
+  size_t count_ = 0;
 };
 
 }  // namespace conveyor::detail

@@ -27,7 +27,8 @@ DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, const LoaderOptions
   if (!source_) throw std::invalid_argument("conveyor: DataLoader needs a SampleSource");
   fields_ = source_->fields();
   if (fields_.empty() || fields_.size() > detail::BatchFiller::kMaxFields) {
-    throw std::invalid_argument("conveyor: a source must have 1 to 16 fields");
+    throw std::invalid_argument("conveyor: a source must have 1 to " +
+                                std::to_string(detail::BatchFiller::kMaxFields) + " fields");
   }
   if (!copy_engine && options_.device.is_cuda()) {
     copy_engine = make_cuda_copy_engine(options_.device);
@@ -46,10 +47,18 @@ DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, const LoaderOptions
     ring.cuda_device = copy_engine->device().index();
   }
   shared_ = std::make_shared<detail::SharedRing>(std::move(ring));
+  const std::string ring_mode = std::string(shared_->ring.is_pinned() ? "pinned" : "pageable") +
+                                " host ring of " + std::to_string(shared_->ring.slots()) + " slots";
   if (copy_engine) {
+    mode_ = ring_mode + ", side-stream copies to " + copy_engine->device().str();
     stager_ =
         std::make_unique<detail::DeviceStager>(std::move(copy_engine), options_.prefetch_factor);
   } else {
+    const CudaStatus cuda = cuda_status();
+    mode_ = "CPU only (" +
+            (cuda.usable() ? std::string("device is cpu")
+                           : "no CUDA device is usable: " + cuda.reason) +
+            "): " + ring_mode + ", no copy stage";
     host_.emplace(shared_, fields_, options_.pin_memory);
   }
   for (size_t i = 0; i < options_.slots; ++i) {
@@ -87,14 +96,6 @@ size_t DataLoader::Impl::batches_per_epoch() const {
   sampler_->indices(source_->size(), epoch_, order);
   const size_t b = options_.batch_size;
   return options_.drop_last ? order.size() / b : (order.size() + b - 1) / b;
-}
-
-std::string DataLoader::Impl::mode() const {
-  const std::string ring = std::string(is_pinned() ? "pinned" : "pageable") + " host ring of " +
-                           std::to_string(shared_->ring.slots()) + " slots";
-  if (stager_) return ring + ", side-stream copies to " + stager_->engine().device().str();
-  const std::string why = cuda_available() ? "device is cpu" : "no CUDA device is usable";
-  return "CPU only (" + why + "): " + ring + ", no copy stage";
 }
 
 LoaderStats DataLoader::Impl::stats() const {
@@ -185,8 +186,8 @@ void DataLoader::Impl::start_epoch() {
 }
 
 void DataLoader::Impl::dispatch(uint32_t slot) {
-  CONVEYOR_DEBUG_CHECK(dispatched_ - next_sequence_ < options_.slots,
-                       "at most `slots` batches are dispatched and not handed out");
+  CONVEYOR_DEBUG_CHECK(dispatched_ - wanted() < options_.slots,
+                       "at most `slots` batches are dispatched and not yet taken for hand-out");
   const size_t sequence = dispatched_++;
   const size_t first = sequence * options_.batch_size;
   const size_t rows = std::min(order_.size() - first, options_.batch_size);
@@ -204,35 +205,29 @@ void DataLoader::Impl::top_up() {
   }
 }
 
-// Waits for a free slot and dispatches the next batch. A slot always comes: the user never holds
-// every slot (see HostBatches) and copies finish on their own.
-void DataLoader::Impl::dispatch_blocking() {
-  // Wait in short steps so that a copy stage that can no longer finish (a sticky CUDA error)
-  // becomes an exception instead of a hang.
-  const auto deadline =
-      options_.timeout ? Clock::now() + *options_.timeout : Clock::time_point::max();
+bool DataLoader::Impl::dispatch_until(Clock::time_point deadline) {
+  // Wait in short steps so that a copy stage that can no longer hand slots back (a sticky CUDA
+  // error, a hand-back that threw) becomes an exception instead of a hang.
   for (;;) {
-    auto step = std::chrono::milliseconds(200);
-    if (options_.timeout) {
-      step = std::min(step, std::chrono::duration_cast<std::chrono::milliseconds>(
-                                std::max(deadline - Clock::now(), Clock::duration::zero())));
-    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::max(deadline - std::min(deadline, Clock::now()), Clock::duration::zero()));
+    const auto step = std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(200));
     if (std::optional<uint32_t> slot = shared_->ring.try_acquire_for(step)) {
       dispatch(*slot);
-      return;
+      return true;
     }
     if (shared_->ring.closed()) detail::throw_joined();
     if (stager_) stager_->engine().check();
     if (Clock::now() >= deadline) {
-      throw TimeoutError("conveyor: no batch slot came free within " +
-                         std::to_string(options_.timeout->count()) + " ms (batch " +
-                         std::to_string(dispatched_) + " of epoch " + std::to_string(epoch_) + ")");
+      awaited_ = Awaited::kSlot;
+      return false;
     }
   }
 }
 
 void DataLoader::Impl::cancel_epoch() {
   generation_.fetch_add(1);  // workers abandon their batch at the next sample
+  if (held_back_) shared_->ring.release(*std::exchange(held_back_, std::nullopt));
   // Take back the jobs no worker started, then wait for the batches still being filled. A batch
   // whose last chunk is taken back here is collected here; otherwise the worker filling its last
   // chunk pushes it to completed_.
@@ -249,13 +244,13 @@ void DataLoader::Impl::cancel_epoch() {
   }
   reorder_.clear([this](uint32_t slot) { shared_->ring.release(slot); });
   if (stager_) stager_->clear();  // their slots come back through the copy callbacks
+  waiting_since_.reset();
 }
 
 size_t DataLoader::Impl::wanted() const { return stager_ ? next_stage_ : next_sequence_; }
 
-// The slot of the next batch to hand out (ordered: the wanted sequence; unordered: whichever
-// completes), dispatching as needed. Non-blocking: nullopt when none is ready now.
-std::optional<uint32_t> DataLoader::Impl::take_next(bool blocking) {
+std::optional<uint32_t> DataLoader::Impl::take_next(Clock::time_point deadline) {
+  if (held_back_) return std::exchange(held_back_, std::nullopt);
   for (;;) {
     if (options_.enforce_ordering) {
       if (std::optional<uint32_t> slot = reorder_.take(wanted())) return slot;
@@ -265,29 +260,43 @@ std::optional<uint32_t> DataLoader::Impl::take_next(bool blocking) {
     const bool in_flight =
         options_.enforce_ordering ? wanted() < dispatched_ : collected_ < dispatched_;
     if (!in_flight) {
-      if (!blocking) return std::nullopt;
-      dispatch_blocking();
+      if (!dispatch_until(deadline)) return std::nullopt;
       continue;
     }
-    std::optional<uint32_t> popped;
-    if (!blocking) {
-      popped = completed_.try_pop();
-      if (!popped) return std::nullopt;
-    } else if (options_.timeout) {
-      popped = completed_.pop_for(*options_.timeout);
-      if (!popped) {
-        throw TimeoutError("conveyor: no batch arrived within " +
-                           std::to_string(options_.timeout->count()) + " ms (waiting for batch " +
-                           std::to_string(wanted()) + " of epoch " + std::to_string(epoch_) + ", " +
-                           std::to_string(workers_.size()) + " workers)");
+    std::optional<uint32_t> popped = completed_.try_pop();
+    if (!popped) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        awaited_ = Awaited::kBatch;
+        return std::nullopt;
       }
-    } else {
-      popped = completed_.pop();
+      const auto t_wait = now;
+      if (deadline == Clock::time_point::max()) {
+        popped = completed_.pop();
+      } else {
+        popped = completed_.pop_for(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
+      }
+      wait_seconds_ += seconds_since(t_wait);
+      if (!popped) {
+        awaited_ = Awaited::kBatch;
+        return std::nullopt;
+      }
     }
     ++collected_;
     if (!options_.enforce_ordering) return popped;
     reorder_.put(meta_[*popped]->sequence, *popped);
   }
+}
+
+void DataLoader::Impl::throw_timeout() const {
+  const std::string ms = std::to_string(options_.timeout->count()) + " ms";
+  if (awaited_ == Awaited::kSlot) {
+    throw TimeoutError("conveyor: no batch slot came free within " + ms + " (batch " +
+                       std::to_string(dispatched_) + " of epoch " + std::to_string(epoch_) + ")");
+  }
+  throw TimeoutError("conveyor: no batch arrived within " + ms + " (waiting for batch " +
+                     std::to_string(wanted()) + " of epoch " + std::to_string(epoch_) + ", " +
+                     std::to_string(workers_.size()) + " workers)");
 }
 
 void DataLoader::Impl::raise_failure(const detail::SlotMeta& meta) const {
@@ -319,58 +328,112 @@ detail::BatchHeader DataLoader::Impl::header(uint32_t slot) const {
 // ---------------------------------------------------------------------------------------------
 // Consumer: hand out
 
-void DataLoader::Impl::stage_copies(bool need_one) {
+void DataLoader::Impl::stage_copies(Clock::time_point deadline) {
   while (!stager_->full() && next_stage_ < num_batches_) {
-    const bool block = need_one && stager_->empty();
-    const auto t_wait = Clock::now();
-    std::optional<uint32_t> slot = take_next(block);
-    if (block) wait_seconds_ += seconds_since(t_wait);
+    std::optional<uint32_t> slot =
+        take_next(stager_->empty() ? deadline : Clock::time_point::min());
     if (!slot) return;
-    ++next_stage_;
     const auto t0 = Clock::now();
     const detail::SlotMeta& meta = *meta_[*slot];
     if (meta.failed() || meta.cancelled) {
-      stager_->stage_failure(take_failure(*slot));
+      std::exception_ptr failure = take_failure(*slot);  // releases the slot
+      ++next_stage_;
+      stager_->stage_failure(std::move(failure));
     } else {
-      std::vector<at::Tensor> views =
-          detail::slot_views(shared_->ring, *slot, fields_, meta.indices.size());
-      detail::SlotEvent event = shared_->ring.begin_copy(*slot);
-      stager_->stage(detail::empty_batch(header(*slot), fields_), views, event,
-                     [shared = shared_, s = *slot] { shared->ring.copy_finished(s); });
+      // Everything that allocates comes before begin_copy(): if it throws, the slot is held back
+      // (kReady) for the next call, and no batch is lost or stranded in kCopying.
+      Batch batch;
+      std::vector<at::Tensor> views;
+      std::function<void()> hand_back;
+      try {
+        batch = detail::empty_batch(header(*slot), fields_);
+        views = detail::slot_views(shared_->ring, *slot, fields_, meta.indices.size());
+        hand_back = [shared = shared_, s = *slot] { shared->ring.copy_finished(s); };
+      } catch (...) {
+        held_back_ = *slot;
+        throw;
+      }
+      ++next_stage_;
+      CudaEvent* slot_event = shared_->ring.begin_copy(*slot);
+      stager_->stage(std::move(batch), views, slot_event, std::move(hand_back));
     }
     copy_issue_seconds_ += seconds_since(t0);
   }
 }
 
+DataLoader::Poll DataLoader::Impl::poll(std::chrono::milliseconds wait) {
+  return poll_until(Clock::now() + std::clamp(wait, std::chrono::milliseconds::zero(),
+                                              std::chrono::milliseconds(std::chrono::hours(24))));
+}
+
 std::optional<Batch> DataLoader::Impl::next() {
+  DataLoader::Poll p = poll_until(Clock::time_point::max());
+  CONVEYOR_CHECK(p.batch || p.end, "a wait without a deadline ends with a batch or the end");
+  return std::move(p.batch);
+}
+
+DataLoader::Poll DataLoader::Impl::poll_until(Clock::time_point deadline) {
   if (joined_) detail::throw_joined();
   if (!started_ || resume_) start_epoch();
-  if (next_sequence_ >= num_batches_) return std::nullopt;
+  DataLoader::Poll result;
+  if (next_sequence_ >= num_batches_) {
+    result.end = true;
+    return result;
+  }
+  // The loader's timeout runs from the first wait for this batch, across polls.
+  const auto now = Clock::now();
+  if (!waiting_since_) waiting_since_ = now;
+  Clock::time_point until = deadline;
+  bool timeout_rules = false;
+  if (options_.timeout && *waiting_since_ + *options_.timeout <= until) {
+    until = *waiting_since_ + *options_.timeout;
+    timeout_rules = true;
+  }
+  const auto nothing_yet = [&] {
+    if (timeout_rules && Clock::now() >= until) {
+      waiting_since_.reset();  // the next call waits a whole timeout again
+      throw_timeout();
+    }
+    return result;
+  };
   if (stager_) {
     if (deferred_failure_) std::rethrow_exception(std::exchange(deferred_failure_, nullptr));
-    stage_copies(/*need_one=*/true);
+    stager_->engine().check();  // a lost slot or a sticky CUDA error shows at the next batch
+    stage_copies(until);
+    if (stager_->empty()) return nothing_yet();
+    detail::DeviceStager::Delivered delivered = stager_->deliver();
     ++next_sequence_;
-    Batch batch = stager_->deliver();
+    waiting_since_.reset();
+    if (delivered.failure) std::rethrow_exception(delivered.failure);
     try {
-      stage_copies(/*need_one=*/false);  // keep the device prefetch_factor batches ahead
+      stage_copies(Clock::time_point::min());  // keep the device prefetch_factor batches ahead
     } catch (...) {
       deferred_failure_ = std::current_exception();  // this batch is good: report it next time
     }
     ++batches_;
-    samples_ += batch.size();
-    return batch;
+    samples_ += delivered.batch->size();
+    result.batch = std::move(delivered.batch);
+    return result;
   }
-  const auto t_wait = Clock::now();
-  const std::optional<uint32_t> slot = take_next(/*blocking=*/true);
-  wait_seconds_ += seconds_since(t_wait);
-  CONVEYOR_CHECK(slot.has_value(), "a blocking take returns a slot or throws");
-  ++next_sequence_;
+  const std::optional<uint32_t> slot = take_next(until);
+  if (!slot) return nothing_yet();
   const detail::SlotMeta& meta = *meta_[*slot];
-  if (meta.failed() || meta.cancelled) std::rethrow_exception(take_failure(*slot));
-  Batch batch = host_->make(*slot, header(*slot));
+  if (meta.failed() || meta.cancelled) {
+    ++next_sequence_;
+    waiting_since_.reset();
+    std::rethrow_exception(take_failure(*slot));
+  }
+  try {
+    result.batch = host_->make(*slot, header(*slot));
+  } catch (...) {  // the slot is still ours (kReady): hand it out next time
+    held_back_ = *slot;
+    throw;
+  }
+  ++next_sequence_;
+  waiting_since_.reset();
   ++batches_;
-  samples_ += batch.size();
-  return batch;
+  samples_ += result.batch->size();
+  return result;
 }
 
 }  // namespace conveyor

@@ -8,9 +8,15 @@
 // (DeviceStager) to a CUDA device. docs/design.md has the picture.
 //
 // Invariants:
-//   * collected_ <= dispatched_ <= num_batches_, and dispatched_ - next_sequence_ <= slots: a batch
-//     is dispatched only into a free slot, and a slot is free again only after its batch was
-//     handed out (or cancelled). So the Reorderer never collides.
+//   * collected_ <= dispatched_ <= num_batches_, and dispatched_ - wanted() <= slots, where
+//     wanted() is the next batch to take from the Reorderer (next_sequence_ on the CPU path,
+//     next_stage_ on the CUDA path): a batch is dispatched only into a free slot, and a slot is
+//     free again only after its batch was taken (handed out, staged for its copy, or cancelled).
+//     So the Reorderer never collides. On the CUDA path a slot comes back when its copy has
+//     finished, which can be before its batch is handed out, so dispatched_ - next_sequence_ may
+//     reach slots + prefetch_factor.
+//   * A slot taken for hand-out but not handed out (an allocation failed while its batch was
+//     made) is held in held_back_ and taken first next time: no batch is lost or doubled.
 //   * order_ and the slots' meta are written only by the consumer, and only while no job of that
 //     slot (for order_: of any slot) is queued or running.
 //   * generation_ changes whenever an epoch starts or is cancelled; a worker that sees a change
@@ -18,9 +24,13 @@
 //     batch has been collected back, so no worker touches the old epoch's slots afterwards.
 // Thread safety: every member function runs on the consumer thread, except worker_loop (workers)
 // and stats() (any thread; the consumer-only counters it reads are then approximate).
+// Waiting: every wait of the consumer ends by a deadline (the caller's, for poll(), and the
+// loader's timeout from the first wait for the batch); a wait for a free slot checks the copy
+// stage every 200 ms, so a lost slot or a sticky CUDA error becomes an exception, not a hang.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -52,6 +62,7 @@ class DataLoader::Impl {
 
   void start_epoch();
   std::optional<Batch> next();
+  DataLoader::Poll poll(std::chrono::milliseconds wait);
   void set_epoch(uint64_t epoch) { next_epoch_ = epoch; }
   void save(torch::serialize::OutputArchive& archive) const;  // checkpoint.cpp
   void load(torch::serialize::InputArchive& archive);
@@ -63,18 +74,30 @@ class DataLoader::Impl {
   const LoaderOptions& options() const { return options_; }
   size_t pinned_bytes() const { return shared_->ring.bytes(); }
   bool is_pinned() const { return shared_->ring.is_pinned(); }
-  std::string mode() const;
+  const std::string& mode() const { return mode_; }
   LoaderStats stats() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
+  // What a wait that ended without a batch was waiting for (the TimeoutError says which).
+  enum class Awaited { kBatch, kSlot };
+
   void worker_loop(size_t worker);
   void dispatch(uint32_t slot);
   void top_up();
-  void dispatch_blocking();
+  // Waits until `deadline` at most for a free slot and dispatches the next batch into it.
+  bool dispatch_until(Clock::time_point deadline);
   size_t wanted() const;
-  std::optional<uint32_t> take_next(bool blocking);
+  // The slot of the next batch to hand out (ordered: the wanted sequence; unordered: whichever
+  // completes), dispatching as needed; nullopt when none is ready by `deadline` (min(): now).
+  std::optional<uint32_t> take_next(Clock::time_point deadline);
   void cancel_epoch();
-  void stage_copies(bool need_one);
+  // Stages copies until the stager is full or the epoch is staged, waiting until `deadline` at
+  // most for the first one while the stager is empty.
+  void stage_copies(Clock::time_point deadline);
+  // One batch, or the end, or nothing by `deadline` (next() passes time_point::max()).
+  DataLoader::Poll poll_until(Clock::time_point deadline);
+  [[noreturn]] void throw_timeout() const;
   [[noreturn]] void raise_failure(const detail::SlotMeta& meta) const;
   // The failure of `slot`'s batch as an exception, and the slot released.
   std::exception_ptr take_failure(uint32_t slot);
@@ -97,6 +120,7 @@ class DataLoader::Impl {
   std::shared_ptr<SampleSource> source_;
   std::vector<FieldSpec> fields_;
   detail::ResolvedOptions options_;
+  std::string mode_;  // mode(), fixed at construction
   std::unique_ptr<Sampler> sampler_;
   std::shared_ptr<detail::SharedRing> shared_;    // outlives the loader while batches view it
   std::unique_ptr<detail::DeviceStager> stager_;  // null on the CPU path; before shared_ dies
@@ -124,6 +148,9 @@ class DataLoader::Impl {
   std::optional<uint64_t> next_epoch_;   // set by set_epoch()
   std::optional<Position> resume_;       // set by load(), applied by the next start_epoch()
   size_t order_base_ = 0;                // the current order's Position::base
+  std::optional<uint32_t> held_back_;    // a slot taken but not handed out (see the invariants)
+  std::optional<Clock::time_point> waiting_since_;  // the first wait for the wanted batch
+  Awaited awaited_ = Awaited::kBatch;
 
   // Statistics (consumer-only).
   uint64_t batches_ = 0, samples_ = 0;

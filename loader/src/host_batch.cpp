@@ -35,6 +35,23 @@ HostBatches::HostBatches(std::shared_ptr<SharedRing> shared, std::vector<FieldSp
       fields_(std::move(fields)),
       pinned_copy_(pin_memory && cuda_available()) {}
 
+namespace {
+
+// The slot a zero-copy batch views. Armed only once the whole batch is made, so a batch that could
+// not be made (an allocation failed) leaves its slot with the caller, as it was.
+struct SlotLease {
+  std::shared_ptr<SharedRing> shared;
+  uint32_t slot = 0;
+  bool armed = false;
+  ~SlotLease() {
+    if (!armed) return;
+    shared->held.fetch_sub(1);
+    shared->ring.release(slot);
+  }
+};
+
+}  // namespace
+
 Batch HostBatches::make(uint32_t slot, const BatchHeader& header) {
   SlotRing& ring = shared_->ring;
   Batch batch = empty_batch(header, fields_);
@@ -48,23 +65,24 @@ Batch HostBatches::make(uint32_t slot, const BatchHeader& header) {
                                  ? at::empty(v.sizes(), v.options().pinned_memory(true)).copy_(v)
                                  : v.clone());
     }
-    ring.release(slot);
+    ring.release(slot);  // nothing below throws
     if (!zero_copy) ++copies_to_host_;
     return batch;
   }
   // The slot returns to the ring when the last tensor viewing it is released.
-  const size_t held = shared_->held.fetch_add(1) + 1;
-  CONVEYOR_DEBUG_CHECK(held <= ring.slots(), "at most every slot is leased");
-  (void)held;
-  std::shared_ptr<void> lease(nullptr, [shared = shared_, slot](void*) {
-    shared->held.fetch_sub(1);
-    shared->ring.release(slot);
-  });
+  auto lease = std::make_shared<SlotLease>();
+  lease->shared = shared_;
+  lease->slot = slot;
+  batch.fields.reserve(views.size());
   for (size_t f = 0; f < views.size(); ++f) {
     batch.fields.push_back(at::from_blob(
         ring.field(slot, f), views[f].sizes(), [lease](void*) {},
         at::TensorOptions().dtype(fields_[f].dtype).pinned_memory(false)));
   }
+  const size_t held = shared_->held.fetch_add(1) + 1;  // nothing below throws
+  CONVEYOR_DEBUG_CHECK(held <= ring.slots(), "at most every slot is leased");
+  (void)held;
+  lease->armed = true;
   return batch;
 }
 

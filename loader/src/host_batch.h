@@ -51,7 +51,8 @@ class HostBatches {
  public:
   HostBatches(std::shared_ptr<SharedRing> shared, std::vector<FieldSpec> fields, bool pin_memory);
   // Makes the batch in `slot` (kReady) and takes the slot over: it returns to the ring when the
-  // batch no longer needs it.
+  // batch no longer needs it. If it throws (an allocation failed), the slot is still kReady and
+  // still the caller's.
   Batch make(uint32_t slot, const BatchHeader& header);
   // Batches handed out as copies because a lease would have taken the pipeline's last slots.
   uint64_t copies_to_host() const { return copies_to_host_; }

@@ -10,6 +10,10 @@ SampleError::SampleError(const std::string& message, size_t index, std::string p
                          std::exception_ptr original)
     : std::runtime_error(message), index_(index), path_(std::move(path)), original_(original) {}
 
+void Batch::record_stream(c10::Stream stream) const {
+  if (copy_fence) copy_fence->use_on(stream, fields);
+}
+
 const at::Tensor& Batch::field(const std::string& name) const {
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == name) return fields[i];
@@ -28,6 +32,7 @@ DataLoader::Iterator DataLoader::begin() {
   return Iterator(this, impl_->epoch());
 }
 std::optional<Batch> DataLoader::next() { return impl_->next(); }
+DataLoader::Poll DataLoader::poll(std::chrono::milliseconds wait) { return impl_->poll(wait); }
 void DataLoader::start_epoch() { impl_->start_epoch(); }
 void DataLoader::set_epoch(uint64_t epoch) { impl_->set_epoch(epoch); }
 void DataLoader::join() { impl_->join(); }

@@ -7,10 +7,13 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
 
+#include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #include <boost/lockfree/queue.hpp>
 
+#include "conveyor/internal/cuda_check.h"
 #include "conveyor/internal/semaphore.h"
 
 namespace conveyor {
@@ -21,54 +24,22 @@ constexpr size_t kPageAlign = 4096;
 
 size_t round_up(size_t n, size_t align) { return (n + align - 1) / align * align; }
 
-std::string cuda_message(cudaError_t err) {
-  return std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err);
-}
-
-// Makes `device` current for the scope and restores the previous one (RAII over cudaSetDevice).
-class CurrentDevice {
- public:
-  explicit CurrentDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) cudaSetDevice(device);
-  }
-  ~CurrentDevice() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  CurrentDevice(const CurrentDevice&) = delete;
-  CurrentDevice& operator=(const CurrentDevice&) = delete;
-
- private:
-  int previous_ = -1;
-};
-
 }  // namespace
 
-static_assert(std::is_same_v<cudaEvent_t, CUevent_st*>,
-              "pinned.h declares CudaEvent's handle as CUevent_st*, which must be cudaEvent_t");
-
-bool cuda_available() {
-  int count = 0;
-  cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky "no driver / no device" error
-    return false;
-  }
-  return count > 0;
-}
-
-HostBuffer::HostBuffer(size_t bytes, Kind kind, bool write_combined) {
+HostBuffer::HostBuffer(size_t bytes, Kind kind, bool write_combined,
+                       std::optional<int> cuda_device) {
   size_t rounded = round_up(bytes == 0 ? 1 : bytes, kPageAlign);
   if (kind == Kind::kAuto && cuda_available()) {
+    const int device = cuda_device ? *cuda_device : c10::cuda::current_device();
+    detail::DeviceGuard guard(device);
     unsigned flags = cudaHostAllocPortable | (write_combined ? cudaHostAllocWriteCombined : 0u);
     void* p = nullptr;
-    cudaError_t err = cudaHostAlloc(&p, rounded, flags);
-    if (err != cudaSuccess) {
-      throw std::runtime_error("conveyor: cudaHostAlloc of " + std::to_string(rounded) +
-                               " bytes failed (" + cuda_message(err) + ")");
-    }
+    detail::check_cuda(
+        cudaHostAlloc(&p, rounded, flags),
+        "cudaHostAlloc of " + std::to_string(rounded) + " bytes on cuda:" + std::to_string(device));
     data_ = static_cast<std::byte*>(p);
     pinned_ = true;
+    device_ = device;
   } else {
     void* p = std::aligned_alloc(kPageAlign, rounded);
     if (p == nullptr) {
@@ -86,7 +57,11 @@ HostBuffer::~HostBuffer() { reset(); }
 void HostBuffer::reset() noexcept {
   if (data_ != nullptr) {
     if (pinned_) {
-      cudaFreeHost(data_);
+      try {
+        detail::DeviceGuard guard(device_);  // freed through the context that pinned it
+        if (cudaFreeHost(data_) != cudaSuccess) (void)cudaGetLastError();
+      } catch (...) {  // the device is gone (a sticky error): the memory goes with its context
+      }
     } else {
       std::free(data_);
     }
@@ -94,54 +69,22 @@ void HostBuffer::reset() noexcept {
   data_ = nullptr;
   size_ = 0;
   pinned_ = false;
+  device_ = -1;
 }
 
 HostBuffer::HostBuffer(HostBuffer&& other) noexcept
-    : data_(other.data_), size_(other.size_), pinned_(other.pinned_) {
-  other.data_ = nullptr;
-  other.size_ = 0;
-  other.pinned_ = false;
-}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      pinned_(std::exchange(other.pinned_, false)),
+      device_(std::exchange(other.device_, -1)) {}
 
 HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
   if (this != &other) {
     reset();
-    data_ = other.data_;
-    size_ = other.size_;
-    pinned_ = other.pinned_;
-    other.data_ = nullptr;
-    other.size_ = 0;
-    other.pinned_ = false;
-  }
-  return *this;
-}
-
-CudaEvent::CudaEvent(int cuda_device) {
-  CurrentDevice device(cuda_device);
-  cudaEvent_t event = nullptr;
-  cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
-  if (err != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it so that it is not reported again elsewhere
-    throw std::runtime_error("conveyor: cudaEventCreate on cuda:" + std::to_string(cuda_device) +
-                             " failed (" + cuda_message(err) + ")");
-  }
-  event_ = event;
-}
-
-CudaEvent::~CudaEvent() { reset(); }
-
-void CudaEvent::reset() noexcept {
-  if (event_ != nullptr) cudaEventDestroy(event_);
-  event_ = nullptr;
-}
-
-CudaEvent::CudaEvent(CudaEvent&& other) noexcept : event_(other.event_) { other.event_ = nullptr; }
-
-CudaEvent& CudaEvent::operator=(CudaEvent&& other) noexcept {
-  if (this != &other) {
-    reset();
-    event_ = other.event_;
-    other.event_ = nullptr;
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    pinned_ = std::exchange(other.pinned_, false);
+    device_ = std::exchange(other.device_, -1);
   }
   return *this;
 }
@@ -220,14 +163,11 @@ struct SlotRing::Impl {
 SlotRing::SlotRing(Options options)
     : field_bytes_(options.layout.field_bytes),
       slot_bytes_(layout_bytes(options.layout, offsets_)),
-      slots_(options.slots) {
+      slots_(options.slots),
+      cuda_device_(options.cuda_device) {
   if (options.slots == 0) throw std::invalid_argument("conveyor: SlotRing needs at least 1 slot");
-  {
-    std::optional<CurrentDevice> device;
-    if (options.memory == HostBuffer::Kind::kAuto && cuda_available())
-      device.emplace(options.cuda_device);
-    memory_ = HostBuffer(slot_bytes_ * options.slots, options.memory, options.write_combined);
-  }
+  memory_ = HostBuffer(slot_bytes_ * options.slots, options.memory, options.write_combined,
+                       options.cuda_device);
   impl_ = std::make_unique<Impl>(options.slots);
   if (memory_.is_pinned()) {
     for (auto& slot : impl_->slots) slot.event = CudaEvent(options.cuda_device);
@@ -237,9 +177,16 @@ SlotRing::SlotRing(Options options)
 
 SlotRing::~SlotRing() {
   close();
-  for (auto& slot : impl_->slots) {
-    // A copy may still read this slot: wait for it before the memory goes away.
-    if (slot.event) cudaEventSynchronize(slot.event.native_handle());
+  if (!memory_.is_pinned()) return;
+  try {
+    detail::DeviceGuard guard(cuda_device_);
+    for (auto& slot : impl_->slots) {
+      // A copy may still read this slot: wait for it before the memory goes away.
+      if (slot.event && cudaEventSynchronize(slot.event.native_handle()) != cudaSuccess) {
+        (void)cudaGetLastError();
+      }
+    }
+  } catch (...) {  // the device is gone (a sticky error): no copy runs any more
   }
 }
 

@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "conveyor/internal/cuda_check.h"
 #include "conveyor/prefetch.h"
 #include "normalize_kernel.h"
 
@@ -44,10 +45,7 @@ at::Tensor normalize_images(const at::Tensor& images, const NormalizeOptions& op
     cudaError_t err = detail::launch_normalize(in.data_ptr<uint8_t>(), out.data_ptr(), type, b, h,
                                                w, options.hwc, options.channels_last, scale, shift,
                                                c10::cuda::getCurrentCUDAStream().stream());
-    if (err != cudaSuccess) {
-      throw std::runtime_error(std::string("normalize_images: kernel launch failed: ") +
-                               cudaGetErrorString(err));
-    }
+    detail::check_cuda(err, "normalize_images' kernel launch on " + in.device().str());
     return out;
   }
   at::Tensor x = options.hwc ? images.permute({0, 3, 1, 2}) : images;

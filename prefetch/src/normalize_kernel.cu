@@ -59,15 +59,19 @@ __global__ void normalize_kernel(const uint8_t* __restrict__ in, T* __restrict__
   }
 }
 
+// Launched through cudaLaunchKernel, whose result is this launch's error alone (the <<<>>> form
+// leaves only cudaPeekAtLastError, which also reports any earlier, unrelated error).
 template <typename T>
-void launch(const uint8_t* in, void* out, int64_t ppi, int64_t total, bool hwc, bool cl,
-            const Affine& a, cudaStream_t stream) {
+cudaError_t launch(const uint8_t* in, void* out, int64_t ppi, int64_t total, bool hwc, bool cl,
+                   Affine a, cudaStream_t stream) {
   const int threads = 256;
   int64_t blocks = (total + threads - 1) / threads;
   if (blocks > 65535 * 8) blocks = 65535 * 8;
   if (blocks < 1) blocks = 1;
-  normalize_kernel<T><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(
-      in, static_cast<T*>(out), ppi, total, hwc, cl, a);
+  T* typed_out = static_cast<T*>(out);
+  void* args[] = {&in, &typed_out, &ppi, &total, &hwc, &cl, &a};
+  return cudaLaunchKernel(reinterpret_cast<const void*>(&normalize_kernel<T>),
+                          dim3(static_cast<unsigned>(blocks)), dim3(threads), args, 0, stream);
 }
 
 }  // namespace
@@ -85,16 +89,13 @@ cudaError_t launch_normalize(const uint8_t* in, void* out, OutType type, int64_t
   if (total == 0) return cudaSuccess;
   switch (type) {
     case OutType::kFloat32:
-      launch<float>(in, out, ppi, total, hwc, channels_last, a, stream);
-      break;
+      return launch<float>(in, out, ppi, total, hwc, channels_last, a, stream);
     case OutType::kFloat16:
-      launch<__half>(in, out, ppi, total, hwc, channels_last, a, stream);
-      break;
+      return launch<__half>(in, out, ppi, total, hwc, channels_last, a, stream);
     case OutType::kBFloat16:
-      launch<__nv_bfloat16>(in, out, ppi, total, hwc, channels_last, a, stream);
-      break;
+      return launch<__nv_bfloat16>(in, out, ppi, total, hwc, channels_last, a, stream);
   }
-  return cudaPeekAtLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace conveyor::detail

@@ -47,6 +47,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
+#include <c10/core/Stream.h>
 
 #include "conveyor/datasets.h"
 #include "conveyor/pinned.h"
@@ -211,6 +212,13 @@ class TimeoutError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// One batch. On a CUDA device its tensors are ready on the stream that was current on the
+// consumer thread (for the batch's device) when the loader handed it out: next() or the
+// iterator's ++ / begin() made that stream wait for the batch's copy, and told the caching
+// allocator that the stream uses the tensors. To read the batch on any other stream (a loop that
+// runs its model under its own CUDAStreamGuard, a side stream of the user's), call
+// record_stream(stream) first: that stream then waits for the copy, and the tensors' memory is
+// not reused while work queued there may still read it, even after the batch is dropped.
 struct Batch {
   // One tensor per field, [B, ...sample_shape], in the order of the source's fields().
   std::vector<at::Tensor> fields;
@@ -219,11 +227,17 @@ struct Batch {
   std::vector<size_t> indices;
   uint64_t epoch = 0;
   size_t sequence = 0;  // position in the epoch's sampler order
+  // The end of the batch's copy to the device (set by the loader); null for a CPU batch.
+  std::shared_ptr<const CopyFence> copy_fence;
 
   const at::Tensor& field(const std::string& name) const;
   const at::Tensor& images() const { return field("image"); }
   const at::Tensor& labels() const { return field("label"); }
   size_t size() const { return indices.size(); }
+  // Makes `stream` wait for this batch's copy and records its tensors as used by `stream` (see
+  // above). Does nothing for a CPU batch. Throws CudaError, or std::invalid_argument for a
+  // stream that is not a CUDA stream.
+  void record_stream(c10::Stream stream) const;
 };
 
 struct SkippedSample {
@@ -268,6 +282,17 @@ class DataLoader {
   Sentinel end() const { return {}; }
   // The next batch of the current epoch, or nullopt at its end. Starts epoch 0 if none started.
   std::optional<Batch> next();
+  // What poll() found: the next batch, or the end of the epoch, or (neither) nothing yet.
+  struct Poll {
+    std::optional<Batch> batch;
+    bool end = false;
+  };
+  // Like next(), but waits at most about `wait` (0: not at all) for the next batch. When none is
+  // ready in time it returns neither a batch nor the end, and a later call (poll() or next())
+  // continues with the same batch: nothing is lost, skipped or doubled. `timeout` counts from the
+  // first call that waited for the batch. For a consumer that must stay responsive while it waits
+  // (a UI, a signal check, Python's Ctrl-C).
+  Poll poll(std::chrono::milliseconds wait);
   // Starts the next epoch without iterating (begin() calls it).
   void start_epoch();
   // Makes the next begin() start `epoch` instead of the one after the current: to resume

@@ -1,4 +1,4 @@
-// conveyor/pinned.h: page-locked host memory, CUDA events and the fixed ring of batch slots.
+// conveyor/pinned.h: page-locked host memory and the fixed ring of batch slots.
 //
 // What it is for: worker threads write each batch straight into a slot of a SlotRing; the copy
 // stage reads the slot with an asynchronous host-to-device copy; the slot is then reused. All of
@@ -6,12 +6,12 @@
 // first batch.
 //
 // HostBuffer: one block of host memory. With a usable CUDA device it is page-locked
-// (cudaHostAlloc, portable, optionally write-combined), so cudaMemcpyAsync from it really is
-// asynchronous; without one it is ordinary 4 KiB-aligned memory, and is_pinned() says so.
+// (cudaHostAlloc, portable, optionally write-combined) through that device's context, so
+// cudaMemcpyAsync from it really is asynchronous; without one it is ordinary 4 KiB-aligned memory,
+// and is_pinned() says so.
 //
-// CudaEvent: one CUDA event (cudaEventDisableTiming), owned: created by the constructor, destroyed
-// by the destructor, moved but never copied. A default-constructed CudaEvent holds no event. It
-// is how an event travels between the ring, the copy stage and the loader (never as void*).
+// CudaEvent (conveyor/cuda.h): how an event travels between the ring, the copy stage and the
+// loader (never as void*).
 //
 // SlotRing: `slots` slots, each holding one batch's fields as fixed byte ranges. Every slot has an
 // explicit state and, when memory is pinned, a CUDA event that guards its reuse:
@@ -33,7 +33,7 @@
 //   * This header pulls in no CUDA, Boost or threading header: the ring's machinery is private
 //     (pinned.cpp), and it compiles as C++17.
 // Thread safety: all member functions of SlotRing may be called concurrently, except construction
-// and destruction. A CudaEvent is not synchronized: one owner at a time, as for any value.
+// and destruction.
 #pragma once
 
 #include <chrono>
@@ -43,24 +43,22 @@
 #include <optional>
 #include <vector>
 
-// The CUDA runtime's event type is `CUevent_st*` (cudaEvent_t); declared here so that this header
-// needs no CUDA header.
-struct CUevent_st;
+#include "conveyor/cuda.h"
 
 namespace conveyor {
-
-// True when the process can use at least one CUDA device (a driver and a GPU are present).
-bool cuda_available();
 
 // One block of host memory, pinned when a CUDA device is usable.
 class HostBuffer {
  public:
   enum class Kind { kAuto, kPageable };
   HostBuffer() = default;
-  // Allocates `bytes` (zero-filled). kAuto pins when cuda_available(); write_combined only applies
-  // to pinned memory (fast for the GPU to read, slow for the CPU to read back).
-  // Throws std::runtime_error naming the size when the allocation fails.
-  explicit HostBuffer(size_t bytes, Kind kind = Kind::kAuto, bool write_combined = false);
+  // Allocates `bytes` (zero-filled). kAuto pins when cuda_available(), through the context of
+  // `cuda_device` (default: torch's current device), which also frees it; write_combined only
+  // applies to pinned memory (fast for the GPU to read, slow for the CPU to read back).
+  // Throws std::runtime_error naming the size when the allocation fails (CudaError for
+  // cudaHostAlloc, whose error is cleared so that no later CUDA call reports it).
+  explicit HostBuffer(size_t bytes, Kind kind = Kind::kAuto, bool write_combined = false,
+                      std::optional<int> cuda_device = std::nullopt);
   ~HostBuffer();
   HostBuffer(HostBuffer&& other) noexcept;
   HostBuffer& operator=(HostBuffer&& other) noexcept;
@@ -76,31 +74,7 @@ class HostBuffer {
   std::byte* data_ = nullptr;
   size_t size_ = 0;
   bool pinned_ = false;
-};
-
-// An owned CUDA event, created with cudaEventDisableTiming (events here only order work).
-class CudaEvent {
- public:
-  // Holds no event; native_handle() is nullptr.
-  CudaEvent() noexcept = default;
-  // Creates an event on `cuda_device` (made current for the call, then restored).
-  // Throws std::runtime_error naming the CUDA error when the event cannot be created.
-  explicit CudaEvent(int cuda_device);
-  // Destroys the event. Work already recorded on it is unaffected (CUDA releases the event once
-  // that work completes); callers that must outlive the work wait for it first.
-  ~CudaEvent();
-  CudaEvent(CudaEvent&& other) noexcept;
-  CudaEvent& operator=(CudaEvent&& other) noexcept;
-  CudaEvent(const CudaEvent&) = delete;
-  CudaEvent& operator=(const CudaEvent&) = delete;
-
-  // The cudaEvent_t, or nullptr when this holds no event. Still owned by this object.
-  CUevent_st* native_handle() const noexcept { return event_; }
-  explicit operator bool() const noexcept { return event_ != nullptr; }
-
- private:
-  void reset() noexcept;
-  CUevent_st* event_ = nullptr;
+  int device_ = -1;  // the CUDA device whose context pinned the memory
 };
 
 enum class SlotState : uint8_t { kFree, kFilling, kReady, kCopying };
@@ -118,7 +92,7 @@ class SlotRing {
     SlotLayout layout;  // bytes of each field of one batch
     HostBuffer::Kind memory = HostBuffer::Kind::kAuto;
     bool write_combined = false;  // only for pinned memory the CPU never reads back
-    int cuda_device = 0;  // the device whose context allocates the memory and owns the events
+    int cuda_device = 0;          // the device whose context pins the memory and owns the events
   };
   // Throws std::invalid_argument for zero slots, std::runtime_error when memory or an event
   // cannot be allocated.
@@ -175,6 +149,7 @@ class SlotRing {
   std::vector<size_t> field_bytes_;
   size_t slot_bytes_ = 0;
   size_t slots_ = 0;
+  int cuda_device_ = 0;  // the device that owns the memory and the events
   std::unique_ptr<Impl> impl_;
 };
 
