@@ -44,10 +44,6 @@ __version__ = "0.1.0"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
-#: Whether a wait for a batch can be cut short by Ctrl-C at once (the engine's DataLoader::poll);
-#: without it, KeyboardInterrupt comes when the batch being waited for arrives.
-INTERRUPTIBLE_WAIT: bool = bool(_C.HAS_POLL)
-
 
 def normalize(images: _torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD,
               dtype: _torch.dtype = _torch.float32, *, hwc: bool | None = None,
@@ -94,5 +90,5 @@ __all__ = [
     "Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "train_transform",
     "eval_transform", "SIMD_DCT_SCALES", "FULL_DCT_SCALE", "ALL_DCT_SCALES",
     "normalize", "generate_image_folder", "make_photo_jpeg", "cuda_available",
-    "IMAGENET_MEAN", "IMAGENET_STD", "INTERRUPTIBLE_WAIT",
+    "IMAGENET_MEAN", "IMAGENET_STD",
 ]

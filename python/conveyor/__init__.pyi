@@ -9,7 +9,6 @@ import torch
 __version__: str
 IMAGENET_MEAN: Tuple[float, float, float]
 IMAGENET_STD: Tuple[float, float, float]
-INTERRUPTIBLE_WAIT: bool
 SIMD_DCT_SCALES: int
 FULL_DCT_SCALE: int
 ALL_DCT_SCALES: int

@@ -64,35 +64,21 @@ class Source {
 py::dict save_state(const DataLoader& loader);
 void load_state(DataLoader& loader, const py::dict& state);
 
-// The next batch of the current epoch (nullopt at its end), waited for with the GIL released.
-// With DataLoader::poll the wait is cut into ~50 ms steps, between which Python's signal handlers
-// run, so Ctrl-C raises KeyboardInterrupt within a step and loses no batch (the next call takes
-// it). Without poll (engines before it), signals run only when next() returns. This is the one
-// function that chooses; it picks poll whenever the engine has it.
-template <class Loader>
-std::optional<Batch> wait_for_batch(Loader& loader) {
+// The next batch of the current epoch (nullopt at its end), waited for with the GIL released, in
+// DataLoader::poll steps of 50 ms, between which Python's signal handlers run: Ctrl-C raises
+// KeyboardInterrupt within a step and loses no batch (the next call takes it).
+inline std::optional<Batch> wait_for_batch(DataLoader& loader) {
   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-  if constexpr (requires(Loader & l) { l.poll(std::chrono::milliseconds(50)); }) {
-    for (;;) {
-      typename Loader::Poll step;
-      {
-        py::gil_scoped_release released;
-        step = loader.poll(std::chrono::milliseconds(50));
-      }
-      if (step.batch) return std::move(step.batch);
-      if (step.end) return std::nullopt;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  for (;;) {
+    DataLoader::Poll step;
+    {
+      py::gil_scoped_release released;
+      step = loader.poll(std::chrono::milliseconds(50));
     }
-  } else {
-    py::gil_scoped_release released;
-    return loader.next();
+    if (step.batch) return std::move(step.batch);
+    if (step.end) return std::nullopt;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
   }
-}
-
-// Whether wait_for_batch() waits through DataLoader::poll (Ctrl-C within one step).
-template <class Loader>
-constexpr bool has_poll() {
-  return requires(Loader & l) { l.poll(std::chrono::milliseconds(50)); };
 }
 
 }  // namespace conveyor::python

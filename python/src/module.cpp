@@ -483,7 +483,6 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("is_pinned", [](Loader& l) { return l.get().is_pinned(); })
       .def_property_readonly("mode", [](Loader& l) { return l.get().mode(); })
       .def("stats", [](Loader& l) { return stats_dict(l.get().stats()); });
-  m.attr("HAS_POLL") = has_poll<conveyor::DataLoader>();
 
   m.def("generate_image_folder", &generate, py::arg("root"), py::arg("classes"),
         py::arg("images_per_class"), py::arg("quality"), py::arg("seed"), py::arg("threads"),

@@ -120,9 +120,6 @@ CTRL_C_CHILD = textwrap.dedent("""
 
 
 def test_ctrl_c_in_a_wait_raises_keyboard_interrupt_quickly(shards, silent_server):
-    if not conveyor.INTERRUPTIBLE_WAIT:
-        pytest.skip("this engine has no DataLoader::poll yet: a wait is cut short only when its "
-                    "batch arrives (KeyboardInterrupt then comes with it)")
     child = python_child(CTRL_C_CHILD, str(shards), silent_server.url(shard_pattern(shards)),
                          str(shards / "photos.index.json"))
     try:
