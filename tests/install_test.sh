@@ -10,15 +10,20 @@ build_dir="$1"
 source_dir="$2"
 torch_prefix="$3"
 standards="${4:-${CONVEYOR_CONSUMER_STANDARDS:-17 20}}"
-tmp=$(mktemp -d)
+# A fixed folder inside the build tree, and the build's own compiler launcher (ccache, with its
+# base folder): the consumer's compiles then hit the cache from one run, or one clone, to the next.
+tmp="$build_dir/install-test"
+rm -rf "$tmp"
+mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build_dir" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 ||
   { cat "$tmp/install.log"; exit 1; }
 compiler=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
+launcher=$(sed -n 's/^CMAKE_CXX_COMPILER_LAUNCHER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
 for std in $standards; do
   build="$tmp/build-cxx$std"
   cmake -S "$source_dir/tests/consumer" -B "$build" -DCMAKE_CXX_STANDARD="$std" \
-    ${compiler:+-DCMAKE_CXX_COMPILER="$compiler"} \
+    ${compiler:+-DCMAKE_CXX_COMPILER="$compiler"} ${launcher:+-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher"} \
     -DCMAKE_PREFIX_PATH="$tmp/prefix;$torch_prefix" >"$tmp/configure.log" 2>&1 ||
     { cat "$tmp/configure.log"; echo "C++$std consumer: configure failed" >&2; exit 1; }
   cmake --build "$build" -j2 >"$tmp/build.log" 2>&1 ||
