@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <opencv2/core.hpp>
@@ -18,6 +19,7 @@
 #include <libyuv.h>
 
 #include "conveyor/datasets.h"
+#include "conveyor/internal/trace.h"
 #include "conveyor/random.h"
 #include "file_descriptor.h"
 #include "shard_stream.h"
@@ -201,6 +203,7 @@ ImageWriter::Timing ImageWriter::last_timing() const { return state_->last_timin
 void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& ctx,
                         std::byte* out) {
   State& s = *state_;
+  std::optional<trace::Range> stage(std::in_place, trace::Name::kDecode);  // for a profiler
   const auto started = std::chrono::steady_clock::now();
   const int side = s.transform.size;
   const JpegHeader header = s.decoder.begin(bytes, size);
@@ -214,6 +217,7 @@ void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& 
   s.last_scale = image.scale;
   const auto decoded = std::chrono::steady_clock::now();
   s.last_timing.decode = decoded - started;
+  stage.emplace(trace::Name::kResize);
   // The rest of write() is the transform, however it returns.
   struct TransformClock {
     ImageWriter::Timing& timing;
@@ -445,10 +449,12 @@ void ImageSource::prepare(size_t workers) {
 
 void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* fields) {
   Worker& w = *workers_.at(ctx.worker);
+  std::optional<trace::Range> reading(std::in_place, trace::Name::kRead);  // for a profiler
   const auto started = std::chrono::steady_clock::now();
   if (stream_) {
     const int64_t label = stream_->fetch(ctx.seed, ctx.epoch, ctx.index, w.file);
     const auto read = std::chrono::steady_clock::now();
+    reading.reset();
     w.writer.write(w.file.data(), w.file.size(), ctx, fields[0]);
     w.count(started, read);
     std::memcpy(fields[1], &label, sizeof(int64_t));
@@ -472,6 +478,7 @@ void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* field
     size = memory_[ctx.index].size();
   }
   const auto read = std::chrono::steady_clock::now();
+  reading.reset();
   w.writer.write(data, size, ctx, fields[0]);
   w.count(started, read);
   std::memcpy(fields[1], &item.label, sizeof(int64_t));

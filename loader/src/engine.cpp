@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "conveyor/internal/trace.h"
 #include "invariant.h"
 
 namespace conveyor {
@@ -117,9 +118,17 @@ LoaderStats DataLoader::Impl::stats() const {
 // Workers
 
 void DataLoader::Impl::worker_loop(size_t worker) {
+  const std::string number = std::to_string(worker);
+  trace::name_this_thread("Conveyor worker " + number, "conveyor-w" + number);
   while (std::optional<detail::Job> job = jobs_.wait()) {
     // The slot's meta was written before its jobs were queued.
-    if (filler_->fill(worker, job->slot, job->chunk, *meta_[job->slot])) completed_.push(job->slot);
+    detail::SlotMeta& meta = *meta_[job->slot];
+    bool last = false;
+    {
+      const trace::Range chunk(trace::Name::kChunk, meta.sequence);
+      last = filler_->fill(worker, job->slot, job->chunk, meta);
+    }
+    if (last) completed_.push(job->slot);
   }
 }
 
@@ -212,7 +221,12 @@ bool DataLoader::Impl::dispatch_until(Clock::time_point deadline) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         std::max(deadline - std::min(deadline, Clock::now()), Clock::duration::zero()));
     const auto step = std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(200));
-    if (std::optional<uint32_t> slot = shared_->ring.try_acquire_for(step)) {
+    std::optional<uint32_t> slot;
+    {
+      const trace::Range waiting(trace::Name::kWaitForSlot, dispatched_);
+      slot = shared_->ring.try_acquire_for(step);
+    }
+    if (slot) {
       dispatch(*slot);
       return true;
     }
@@ -271,6 +285,7 @@ std::optional<uint32_t> DataLoader::Impl::take_next(Clock::time_point deadline) 
         return std::nullopt;
       }
       const auto t_wait = now;
+      const trace::Range waiting(trace::Name::kWaitForBatch, wanted());
       if (deadline == Clock::time_point::max()) {
         popped = completed_.pop();
       } else {
@@ -335,6 +350,7 @@ void DataLoader::Impl::stage_copies(Clock::time_point deadline) {
     if (!slot) return;
     const auto t0 = Clock::now();
     const detail::SlotMeta& meta = *meta_[*slot];
+    const trace::Range issuing(trace::Name::kIssueCopy, meta.sequence);
     if (meta.failed() || meta.cancelled) {
       std::exception_ptr failure = take_failure(*slot);  // releases the slot
       ++next_stage_;
