@@ -18,6 +18,14 @@ mkdir -p "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 cmake --install "$build_dir" --prefix "$tmp/prefix" >"$tmp/install.log" 2>&1 ||
   { cat "$tmp/install.log"; exit 1; }
+# A detail header is installed only for the public headers that include it (templates): one that
+# no installed header includes belongs in a library's src/, not in the package.
+include_dir="$tmp/prefix/include"
+for header in "$include_dir"/conveyor/detail/*.h; do
+  name="conveyor/detail/$(basename "$header")"
+  grep -rqF --include='*.h' "#include \"$name\"" "$include_dir" ||
+    { echo "installed $name is included by no installed header" >&2; exit 1; }
+done
 compiler=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
 launcher=$(sed -n 's/^CMAKE_CXX_COMPILER_LAUNCHER:[A-Z]*=//p' "$build_dir/CMakeCache.txt")
 for std in $standards; do

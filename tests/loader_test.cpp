@@ -10,6 +10,9 @@
 #include <map>
 #include <memory>
 #include <numeric>
+#include <sstream>
+
+#include <torch/serialize/archive.h>
 
 #include "test_support.h"
 
@@ -584,6 +587,108 @@ TEST(Loader, IteratorMisuseIsAnError) {
   LoaderOptions zero;
   zero.batch_size = 0;
   EXPECT_THROW(DataLoader(std::make_shared<IndexSource>(4), zero), std::invalid_argument);
+}
+
+// An iterator belongs to the begin() that made it (issue 22). set_epoch(epoch()) then begin()
+// starts the same epoch number again: the old iterator must not walk the new epoch.
+TEST(Loader, AnIteratorOfAReplacedEpochThrowsEvenWithTheSameEpochNumber) {
+  LoaderOptions o;
+  o.batch_size = 2;
+  o.workers = 1;
+  DataLoader loader(std::make_shared<IndexSource>(8), o);
+  auto old = loader.begin();
+  ++old;  // batch 1 of epoch 0
+  loader.set_epoch(loader.epoch());
+  auto fresh = loader.begin();
+  EXPECT_EQ(loader.epoch(), 0u);
+  EXPECT_THROW(*old, std::logic_error);
+  EXPECT_THROW(++old, std::logic_error);
+  std::vector<size_t> sequences;
+  for (; fresh != loader.end(); ++fresh) sequences.push_back(fresh->sequence);
+  EXPECT_EQ(sequences, (std::vector<size_t>{0, 1, 2, 3}));  // the new epoch, whole
+  // A load() replaces the epoch in progress too: the next batch comes from the checkpoint.
+  std::stringstream bytes;
+  {
+    torch::serialize::OutputArchive saved;
+    loader.save(saved);
+    saved.save_to(bytes);
+  }
+  auto before_load = loader.begin();
+  torch::serialize::InputArchive checkpoint;
+  checkpoint.load_from(bytes);
+  loader.load(checkpoint);
+  EXPECT_THROW(*before_load, std::logic_error);
+  EXPECT_THROW(++before_load, std::logic_error);
+}
+
+// A sampler whose order has n - epoch % 2 entries, counting its calls.
+class CountingSampler : public Sampler {
+ public:
+  void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override {
+    calls.fetch_add(1);
+    out.resize(n - epoch % 2);
+    std::iota(out.begin(), out.end(), size_t{0});
+  }
+  mutable std::atomic<int> calls{0};
+};
+
+// batches_per_epoch() does not build the epoch's order on every call (issue 22): it is counted
+// once per epoch, and is what the epoch delivers, for every sampler.
+TEST(Loader, BatchesPerEpochIsCountedOncePerEpochAndIsWhatTheEpochDelivers) {
+  LoaderOptions o;
+  o.batch_size = 3;
+  o.workers = 2;
+  auto counting = std::make_unique<CountingSampler>();
+  const CountingSampler& sampler = *counting;
+  DataLoader loader(std::make_shared<IndexSource>(10), o, std::move(counting));
+  for (uint64_t epoch = 0; epoch < 4; ++epoch) {
+    const int before = sampler.calls.load();
+    size_t delivered = 0;
+    for (Batch& b : loader) {
+      (void)b;
+      ++delivered;
+      for (int i = 0; i < 100; ++i) ASSERT_EQ(loader.batches_per_epoch(), epoch % 2 ? 3u : 4u);
+    }
+    EXPECT_EQ(delivered, epoch % 2 ? 3u : 4u);  // 10 samples, then 9, in batches of 3
+    EXPECT_LE(sampler.calls.load() - before, 2) << "epoch " << epoch;
+  }
+  struct Case {
+    const char* name;
+    std::function<std::unique_ptr<Sampler>()> make;
+    size_t n;
+    bool drop_last;
+  };
+  std::vector<Case> cases;
+  for (size_t n : {10, 11, 12}) {
+    for (bool drop_last : {false, true}) {
+      cases.push_back({"sequential", [] { return SequentialSampler::make(); }, n, drop_last});
+      cases.push_back({"random", [] { return RandomSampler::make(5); }, n, drop_last});
+      for (bool sampler_drop_last : {false, true}) {
+        cases.push_back({sampler_drop_last ? "distributed, drop_last" : "distributed",
+                         [sampler_drop_last] {
+                           return DistributedSampler::make(1, 4, true, 5, sampler_drop_last);
+                         },
+                         n, drop_last});
+      }
+    }
+  }
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.name) + " n=" + std::to_string(c.n) +
+                 " drop_last=" + std::to_string(c.drop_last));
+    LoaderOptions d = o;
+    d.drop_last = c.drop_last;
+    DataLoader each(std::make_shared<IndexSource>(c.n), d, c.make());
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      const size_t expected = each.batches_per_epoch();
+      size_t delivered = 0;
+      for (Batch& b : each) {
+        (void)b;
+        ++delivered;
+      }
+      EXPECT_EQ(delivered, expected);
+      EXPECT_EQ(each.batches_per_epoch(), expected);
+    }
+  }
 }
 
 // poll(): a bounded wait that never loses or doubles a batch, on the CPU path and through a copy

@@ -254,6 +254,23 @@ TEST(TorchDataErrors, SkipPolicyLearnsTheShapesPastAFailingFirstSample) {
   EXPECT_EQ(stats.skipped_samples[0].index, 0u);
 }
 
+// The shapes are learnt trying as many substitutes as the user's options ask for, not
+// LoaderOptions' default of 16 (issue 22): with the first 18 samples failing, 20 substitutes
+// reach sample 18, so the first batch loads, as the workers' substitutes do.
+TEST(TorchDataErrors, SkipPolicyLearnsTheShapesWithTheSubstitutesAskedFor) {
+  auto probe = std::make_shared<Probe>();
+  for (size_t i = 0; i < 18; ++i) probe->fail_at.insert(i);
+  auto ours = make_data_loader<td::samplers::SequentialSampler>(
+      stacked(40, probe),
+      DataLoaderOptions(4).workers(2).on_error(ErrorPolicy::kSkip).max_substitutes(20));
+  EXPECT_EQ(ours->options().max_substitutes, 20u);
+  const std::vector<std::vector<int64_t>> batches = epoch_targets(*ours);
+  ASSERT_EQ(batches.size(), 10u);
+  for (size_t b = 0; b < 4; ++b) EXPECT_EQ(batches[b], (std::vector<int64_t>{18, 18, 18, 18}));
+  EXPECT_EQ(batches[4], (std::vector<int64_t>{18, 18, 18, 19}));
+  EXPECT_EQ(ours->stats().skipped, 18u);
+}
+
 TEST(TorchDataErrors, SampleOfAnotherShapeNamesTheSample) {
   auto probe = std::make_shared<Probe>();
   probe->odd_shape_at = {6};

@@ -144,6 +144,8 @@ void DataLoader::Impl::load(torch::serialize::InputArchive& archive) {
   sampler_->check(archive);
   resume_ = detail::read_position(archive, source_->size());
   next_epoch_.reset();
+  epoch_batches_.reset();
+  ++runs_;  // the iterators of the epoch in progress are replaced too
 }
 
 void DataLoader::save(torch::serialize::OutputArchive& archive) const { impl_->save(archive); }

@@ -92,11 +92,20 @@ void DataLoader::Impl::join() {
   stager_.reset();   // drops staged batches, then waits for outstanding copies and callbacks
 }
 
-size_t DataLoader::Impl::batches_per_epoch() const {
-  std::vector<size_t> order;
-  sampler_->indices(source_->size(), epoch_, order);
+size_t DataLoader::Impl::batches_of(size_t samples) const {
   const size_t b = options_.batch_size;
-  return options_.drop_last ? order.size() / b : (order.size() + b - 1) / b;
+  return options_.drop_last ? samples / b : (samples + b - 1) / b;
+}
+
+size_t DataLoader::Impl::batches_per_epoch() const {
+  // The whole order of the epoch, counted once per epoch (start_epoch() counts a whole order it
+  // made; a resumed one is a remainder, so the count is made here).
+  if (!epoch_batches_ || epoch_batches_->first != epoch_) {
+    std::vector<size_t> order;
+    sampler_->indices(source_->size(), epoch_, order);
+    epoch_batches_.emplace(epoch_, batches_of(order.size()));
+  }
+  return epoch_batches_->second;
 }
 
 LoaderStats DataLoader::Impl::stats() const {
@@ -181,8 +190,9 @@ void DataLoader::Impl::start_epoch() {
   started_ = true;
   order_base_ = start.base;
   order_.swap(order);  // no batch is dispatched now, so no worker reads order_
-  const size_t b = options_.batch_size;
-  num_batches_ = options_.drop_last ? order_.size() / b : (order_.size() + b - 1) / b;
+  num_batches_ = batches_of(order_.size());
+  if (start.base == 0) epoch_batches_.emplace(epoch, num_batches_);
+  ++runs_;
   generation_.fetch_add(1);
   // A resumed epoch starts at its first batch not yet received: nothing before it is read.
   const size_t first = std::min(start.first_batch, num_batches_);

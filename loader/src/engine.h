@@ -69,6 +69,8 @@ class DataLoader::Impl {
   void join();
 
   uint64_t epoch() const { return epoch_; }
+  // Epoch starts and load() calls so far: an iterator is current while this is unchanged.
+  uint64_t runs() const { return runs_; }
   size_t batches_per_epoch() const;
   size_t workers() const { return workers_.size(); }
   const LoaderOptions& options() const { return options_; }
@@ -88,6 +90,8 @@ class DataLoader::Impl {
   // Waits until `deadline` at most for a free slot and dispatches the next batch into it.
   bool dispatch_until(Clock::time_point deadline);
   size_t wanted() const;
+  // Batches in an epoch of `samples` samples (drop_last or not): the one place for the count.
+  size_t batches_of(size_t samples) const;
   // The slot of the next batch to hand out (ordered: the wanted sequence; unordered: whichever
   // completes), dispatching as needed; nullopt when none is ready by `deadline` (min(): now).
   std::optional<uint32_t> take_next(Clock::time_point deadline);
@@ -136,8 +140,11 @@ class DataLoader::Impl {
 
   // Consumer-only state.
   uint64_t epoch_ = 0;
+  uint64_t runs_ = 0;  // runs()
   bool started_ = false;
   size_t num_batches_ = 0;
+  // batches_per_epoch() of one epoch, counted once: (epoch, batches of its whole order).
+  mutable std::optional<std::pair<uint64_t, size_t>> epoch_batches_;
   size_t dispatched_ = 0;     // batches handed to workers this epoch
   size_t collected_ = 0;      // of those, taken back (completed_ or cancelled) by the consumer
   size_t next_sequence_ = 0;  // next batch to hand out (ordered) / count handed out (unordered)

@@ -29,7 +29,7 @@ DataLoader::~DataLoader() = default;
 
 DataLoader::Iterator DataLoader::begin() {
   impl_->start_epoch();
-  return Iterator(this, impl_->epoch());
+  return Iterator(this, impl_->epoch(), impl_->runs());
 }
 std::optional<Batch> DataLoader::next() { return impl_->next(); }
 DataLoader::Poll DataLoader::poll(std::chrono::milliseconds wait) { return impl_->poll(wait); }
@@ -45,13 +45,15 @@ bool DataLoader::is_pinned() const { return impl_->is_pinned(); }
 std::string DataLoader::mode() const { return impl_->mode(); }
 LoaderStats DataLoader::stats() const { return impl_->stats(); }
 
-DataLoader::Iterator::Iterator(DataLoader* loader, uint64_t epoch)
-    : loader_(loader), epoch_(epoch), batch_(loader->next()) {}
+DataLoader::Iterator::Iterator(DataLoader* loader, uint64_t epoch, uint64_t run)
+    : loader_(loader), epoch_(epoch), run_(run), batch_(loader->next()) {}
 
 void DataLoader::Iterator::check_current() const {
-  if (loader_->epoch() != epoch_) {
+  // By the loader's count of epoch starts and loads, not by epoch number: set_epoch(epoch())
+  // then begin() starts the same epoch number again, and the old iterator must not walk it.
+  if (loader_->impl_->runs() != run_) {
     throw std::logic_error("conveyor: this iterator belongs to epoch " + std::to_string(epoch_) +
-                           ", which a later begin() replaced");
+                           ", which a later begin() or load() replaced");
   }
 }
 

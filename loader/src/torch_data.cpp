@@ -8,9 +8,9 @@
 
 #include <ATen/ATen.h>
 
-#include "conveyor/detail/torch_data_engine.h"
 #include "errors.h"
 #include "options.h"
+#include "torch_data_engine.h"
 
 namespace conveyor {
 
@@ -40,6 +40,7 @@ LoaderOptions to_loader_options(const DataLoaderOptions& options) {
   o.timeout = options.timeout();
   o.seed = options.seed();
   o.on_error = options.on_error();
+  o.max_substitutes = options.max_substitutes();
   o.device = options.device();
   o.pin_memory = options.pin_memory();
   o.prefetch_factor = options.prefetch_factor();

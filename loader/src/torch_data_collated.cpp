@@ -12,10 +12,10 @@
 #include <torch/serialize/archive.h>
 
 #include "checkpoint.h"
-#include "conveyor/detail/torch_data_engine.h"
 #include "conveyor/torch_data.h"
 #include "errors.h"
 #include "options.h"
+#include "torch_data_engine.h"
 
 namespace conveyor::detail {
 
@@ -202,7 +202,7 @@ void CollatedEngine::start_probe() {
   const size_t first = next_batch_ * b;
   const size_t end = std::min(order_.size(), batches_ * b);
   const size_t tries = options_.on_error() == ErrorPolicy::kSkip
-                           ? std::min(end - first, 1 + LoaderOptions().max_substitutes)
+                           ? std::min(end - first, 1 + options_.max_substitutes())
                            : 1;
   std::vector<size_t> candidates(order_.begin() + static_cast<std::ptrdiff_t>(first),
                                  order_.begin() + static_cast<std::ptrdiff_t>(first + tries));

@@ -351,10 +351,11 @@ class DataLoader::Iterator {
 
  private:
   friend class DataLoader;
-  Iterator(DataLoader* loader, uint64_t epoch);
+  Iterator(DataLoader* loader, uint64_t epoch, uint64_t run);
   void check_current() const;
   DataLoader* loader_;
-  uint64_t epoch_;
+  uint64_t epoch_;  // for the message only: set_epoch() can start the same epoch again
+  uint64_t run_;    // the loader's count of epoch starts and loads when begin() made it
   std::optional<Batch> batch_;
 };
 

@@ -143,6 +143,9 @@ struct DataLoaderOptions {
   // What a failing sample does (collated path and SampleSources). kSkip substitutes the next
   // sample that loads and records it in stats(); the batched path supports only kRaise.
   TORCH_ARG(ErrorPolicy, on_error) = ErrorPolicy::kRaise;
+  // With kSkip: how many following samples to try as a substitute for a failing one (the
+  // workers', and the shape probe's before the first batch) before the batch fails.
+  TORCH_ARG(size_t, max_substitutes) = LoaderOptions().max_substitutes;
 };
 
 // The options with defaults resolved, as torch::data::FullDataLoaderOptions.
@@ -159,7 +162,8 @@ struct FullDataLoaderOptions {
         prefetch_factor(options.prefetch_factor()),
         non_blocking(options.non_blocking()),
         seed(options.seed()),
-        on_error(options.on_error()) {}
+        on_error(options.on_error()),
+        max_substitutes(options.max_substitutes()) {}
 
   size_t batch_size;
   size_t workers;
@@ -173,6 +177,7 @@ struct FullDataLoaderOptions {
   bool non_blocking;
   uint64_t seed;
   ErrorPolicy on_error;
+  size_t max_substitutes;
 };
 
 // ---------------------------------------------------------------------------------------------

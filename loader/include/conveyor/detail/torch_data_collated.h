@@ -234,7 +234,7 @@ class TorchSamplerAdapter final : public DrawnOrderSampler {
 
 // --- The engine and the loader.
 
-class TorchConventionEngine;  // conveyor/detail/torch_data_engine.h
+class TorchConventionEngine;  // loader/src/torch_data_engine.h (not installed)
 
 // The collated path's engine, type-erased. Until the tensors' shapes are known, a probe thread
 // owned by this object reads the first sample of the epoch's first batch not yet reported (the
