@@ -1,0 +1,390 @@
+// GpuCropDecoder and gpu_decode_status() (conveyor/gpu_decode.h): nvJPEG's batched hardware
+// decode of each crop's region, then crop_kernel.cu's resize, flip and layout into the rows.
+#include "conveyor/gpu_decode.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "conveyor/cuda.h"
+#include "conveyor/internal/cuda_check.h"
+#include "crop_kernel.h"
+#include "crop_plan.h"
+#include "nvjpeg_api.h"
+
+namespace conveyor {
+
+GpuDecodeError::GpuDecodeError(const std::string& what, std::string error_name)
+    : std::runtime_error(what), error_name_(std::move(error_name)) {}
+
+namespace {
+
+using gpudecode::CropJob;
+using gpudecode::CropPlan;
+using gpudecode::nv::NvjpegLibrary;
+namespace nv = gpudecode::nv;
+
+// Throws GpuDecodeError naming the nvJPEG call and its status unless it succeeded.
+void check_nvjpeg(nv::Status status, const char* call) {
+  if (static_cast<int>(status) == nv::kStatusSuccess) return;
+  const std::string name = nv::status_name(static_cast<int>(status));
+  throw GpuDecodeError(std::string("conveyor: ") + call + " failed (" + name + ")", name);
+}
+
+// An nvJPEG object, destroyed by its library's function.
+template <typename Object, typename DestroyFn>
+class NvObject {
+ public:
+  NvObject() = default;
+  NvObject(Object object, DestroyFn destroy) : object_(object), destroy_(destroy) {}
+  NvObject(NvObject&& other) noexcept
+      : object_(std::exchange(other.object_, nullptr)), destroy_(other.destroy_) {}
+  NvObject& operator=(NvObject&& other) noexcept {
+    if (this != &other) {
+      reset();
+      object_ = std::exchange(other.object_, nullptr);
+      destroy_ = other.destroy_;
+    }
+    return *this;
+  }
+  NvObject(const NvObject&) = delete;
+  NvObject& operator=(const NvObject&) = delete;
+  ~NvObject() { reset(); }
+  Object get() const { return object_; }
+
+ private:
+  void reset() {
+    if (object_ != nullptr) destroy_(object_);
+    object_ = nullptr;
+  }
+  Object object_ = nullptr;
+  DestroyFn destroy_ = nullptr;
+};
+
+// Device memory that only grows, freed on its device.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (data_) cudaFree(data_);
+  }
+  // At least `bytes` bytes; the old contents are not kept. Throws CudaError.
+  void* reserve(size_t bytes) {
+    if (bytes > bytes_) {
+      const size_t grown = std::max(bytes, bytes_ + bytes_ / 2);
+      if (data_) cudaFree(data_);
+      data_ = nullptr;
+      bytes_ = 0;
+      detail::check_cuda(cudaMalloc(&data_, grown), "cudaMalloc of the decoded regions");
+      bytes_ = grown;
+    }
+    return data_;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Pinned host memory for a fixed count of T, allocated once.
+template <typename T>
+class PinnedArray {
+ public:
+  explicit PinnedArray(size_t count) {
+    void* p = nullptr;
+    detail::check_cuda(cudaHostAlloc(&p, count * sizeof(T), cudaHostAllocDefault),
+                       "cudaHostAlloc of the crop jobs");
+    data_ = static_cast<T*>(p);
+  }
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
+  ~PinnedArray() {
+    if (data_) cudaFreeHost(data_);
+  }
+  T* data() const { return data_; }
+
+ private:
+  T* data_ = nullptr;
+};
+
+using OwnedHandle = NvObject<nv::Handle, nv::DestroyFn>;
+using OwnedState = NvObject<nv::State, nv::StateDestroyFn>;
+using OwnedStream = NvObject<nv::Stream, nv::StreamDestroyFn>;
+using OwnedParams = NvObject<nv::Params, nv::ParamsDestroyFn>;
+
+// The library, the device and a hardware-backend handle, or the reason there are none.
+struct Probe {
+  GpuDecodeStatus status;
+  std::optional<NvjpegLibrary> library;
+  OwnedHandle handle;
+};
+
+Probe probe(const GpuDecodeSetup& setup) {
+  Probe p;
+  std::string why;
+  p.library = NvjpegLibrary::load(setup.library_paths, &why);
+  if (!p.library) {
+    p.status.reason = "GPU decode unavailable: " + why +
+                      "; pip install nvidia-nvjpeg (scripts/setup does) or add its lib folder to "
+                      "LD_LIBRARY_PATH";
+    return p;
+  }
+  p.status.library = p.library->path();
+  const CudaStatus cuda = cuda_status();
+  if (!cuda.usable()) {
+    p.status.reason = "GPU decode unavailable: no CUDA device (" + cuda.reason + ")";
+    return p;
+  }
+  int device = setup.device;
+  if (device < 0) detail::check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  if (device >= cuda.devices) {
+    p.status.reason = "GPU decode unavailable: no CUDA device " + std::to_string(device) + " (" +
+                      std::to_string(cuda.devices) + " visible)";
+    return p;
+  }
+  p.status.device = device;
+  detail::DeviceGuard guard(device);
+  cudaDeviceProp prop{};
+  std::string name = "cuda:" + std::to_string(device);
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    name += " (" + std::string(prop.name) + ")";
+  nv::Handle handle = nullptr;
+  const int created = static_cast<int>(p.library->create_ex(
+      static_cast<nv::Backend>(nv::kBackendHardware), nullptr, nullptr, 0, &handle));
+  if (created != nv::kStatusSuccess) {
+    p.status.reason = "GPU decode unavailable: no hardware JPEG engine on " + name +
+                      " (nvjpegCreateEx with NVJPEG_BACKEND_HARDWARE: " + nv::status_name(created) +
+                      ")";
+    return p;
+  }
+  p.handle = OwnedHandle(handle, p.library->destroy);
+  const int info = static_cast<int>(
+      p.library->get_hardware_decoder_info(handle, &p.status.engines, &p.status.cores_per_engine));
+  if (info != nv::kStatusSuccess || p.status.engines == 0) {
+    p.status.reason = "GPU decode unavailable: no hardware JPEG engine on " + name +
+                      " (nvjpegGetHardwareDecoderInfo: " + nv::status_name(info) + ", " +
+                      std::to_string(p.status.engines) + " engines)";
+    p.handle = OwnedHandle();
+    return p;
+  }
+  p.status.available = true;
+  return p;
+}
+
+// A baseline file whose data ends without EOI (after any trailing zero padding) was cut short:
+// the hardware backend would decode it silently, the CPU path raises it through on_error.
+bool ends_with_eoi(const uint8_t* data, size_t size) {
+  while (size > 2 && data[size - 1] == 0) --size;
+  return size >= 4 && data[size - 2] == 0xFF && data[size - 1] == 0xD9;
+}
+
+}  // namespace
+
+GpuDecodeStatus gpu_decode_status(const GpuDecodeSetup& setup) {
+  try {
+    return probe(setup).status;
+  } catch (const std::exception& e) {  // a CUDA call of the probe itself failed
+    GpuDecodeStatus status;
+    status.reason = std::string("GPU decode unavailable: ") + e.what();
+    return status;
+  }
+}
+
+struct GpuCropDecoder::State {
+  GpuDecodeOptions options;
+  Probe probe;
+  OwnedState state;
+  OwnedStream stream;               // header parsing, reused image after image
+  std::vector<OwnedParams> params;  // one per image of a batch, created once
+  std::vector<nv::Params> batch_params;
+  std::vector<nv::Image> batch_images;
+  std::vector<const unsigned char*> batch_data;
+  std::vector<size_t> batch_lengths;
+  std::vector<size_t> positions;  // the batch's images sent to the hardware
+  std::vector<size_t> offsets;    // their regions' offsets in `regions`
+  std::vector<CropPlan> plans;
+  DeviceBuffer regions;
+  DeviceBuffer device_jobs;
+  PinnedArray<CropJob> host_jobs;
+  explicit State(GpuDecodeOptions o, Probe p)
+      : options(std::move(o)), probe(std::move(p)), host_jobs(options.max_batch) {}
+};
+
+GpuCropDecoder::GpuCropDecoder(GpuDecodeOptions options) {
+  if (options.transform.size <= 0) {
+    throw std::invalid_argument("GpuCropDecoder: ImageTransform.size must be positive");
+  }
+  options.max_batch = std::clamp<size_t>(options.max_batch, 1, 65535);  // the kernel's grid.y
+  Probe p = probe(options.setup);
+  if (!p.status.available) throw GpuDecodeError(p.status.reason, "unavailable");
+  detail::DeviceGuard guard(p.status.device);
+  state_ = std::make_unique<State>(std::move(options), std::move(p));
+  State& s = *state_;
+  const NvjpegLibrary& lib = *s.probe.library;
+  nv::Handle handle = s.probe.handle.get();
+  nv::State jpeg_state = nullptr;
+  check_nvjpeg(lib.state_create(handle, &jpeg_state), "nvjpegJpegStateCreate");
+  s.state = OwnedState(jpeg_state, lib.state_destroy);
+  nv::Stream stream = nullptr;
+  check_nvjpeg(lib.stream_create(handle, &stream), "nvjpegJpegStreamCreate");
+  s.stream = OwnedStream(stream, lib.stream_destroy);
+  const size_t n = s.options.max_batch;
+  s.params.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    nv::Params params = nullptr;
+    check_nvjpeg(lib.params_create(handle, &params), "nvjpegDecodeParamsCreate");
+    s.params.emplace_back(params, lib.params_destroy);
+    check_nvjpeg(
+        lib.params_set_output_format(params, static_cast<nv::OutputFormat>(nv::kOutputRgbi)),
+        "nvjpegDecodeParamsSetOutputFormat");
+  }
+  s.batch_params.reserve(n);
+  s.batch_images.reserve(n);
+  s.batch_data.reserve(n);
+  s.batch_lengths.reserve(n);
+  s.positions.reserve(n);
+  s.offsets.reserve(n);
+  s.plans.reserve(n);
+  s.device_jobs.reserve(n * sizeof(CropJob));
+}
+
+GpuCropDecoder::~GpuCropDecoder() {
+  if (!state_) return;
+  // nvJPEG's objects and the buffers belong to the decoder's device.
+  try {
+    detail::DeviceGuard guard(state_->probe.status.device);
+    state_.reset();
+  } catch (...) {
+    state_.reset();
+  }
+}
+GpuCropDecoder::GpuCropDecoder(GpuCropDecoder&&) noexcept = default;
+GpuCropDecoder& GpuCropDecoder::operator=(GpuCropDecoder&&) noexcept = default;
+
+const GpuDecodeStatus& GpuCropDecoder::status() const { return state_->probe.status; }
+
+GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint8_t* device_rows,
+                                       CUstream_st* stream) {
+  State& s = *state_;
+  if (count > s.options.max_batch) {
+    throw std::invalid_argument("GpuCropDecoder::decode: " + std::to_string(count) +
+                                " images, more than max_batch " +
+                                std::to_string(s.options.max_batch));
+  }
+  GpuDecodeResult result;
+  if (count == 0) return result;
+  const ImageTransform& t = s.options.transform;
+  const NvjpegLibrary& lib = *s.probe.library;
+  nv::Handle handle = s.probe.handle.get();
+  const size_t row_bytes = static_cast<size_t>(t.size) * static_cast<size_t>(t.size) * 3;
+  const bool hwc = t.layout == ImageLayout::kHWC;
+  const std::string batch_name = "a batch of " + std::to_string(count) + " images from " +
+                                 images[0].name +
+                                 " on cuda:" + std::to_string(s.probe.status.device);
+  try {
+    detail::DeviceGuard guard(s.probe.status.device);
+    s.positions.clear();
+    s.offsets.clear();
+    s.plans.clear();
+    s.batch_params.clear();
+    size_t region_bytes = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const GpuJpeg& image = images[i];
+      if (t.exif_orientation || !ends_with_eoi(image.data, image.size)) {
+        result.to_cpu.push_back(i);
+        continue;
+      }
+      const int parsed =
+          static_cast<int>(lib.stream_parse_header(handle, image.data, image.size, s.stream.get()));
+      if (parsed != nv::kStatusSuccess) {
+        result.failed.push_back({i, image.name + ": nvJPEG cannot read the JPEG header (" +
+                                        nv::status_name(parsed) + ")"});
+        continue;
+      }
+      unsigned width = 0, height = 0;
+      check_nvjpeg(lib.stream_get_frame_dimensions(s.stream.get(), &width, &height),
+                   "nvjpegJpegStreamGetFrameDimensions");
+      if (width == 0 || height == 0 ||
+          static_cast<uint64_t>(width) * height > t.limits.max_pixels) {
+        result.to_cpu.push_back(i);  // the CPU path rejects (or reports) it with its own message
+        continue;
+      }
+      const CropBox box = choose_crop(t, static_cast<int>(width), static_cast<int>(height),
+                                      image.context.seed, image.context.epoch, image.context.index);
+      const CropPlan plan =
+          gpudecode::plan_crop(static_cast<int>(width), static_cast<int>(height), box.x, box.y,
+                               box.width, box.height, box.flip, t.size, t.dct_scales, hwc);
+      nv::Params params = s.params[s.positions.size()].get();
+      check_nvjpeg(lib.params_set_roi(params, plan.roi_x, plan.roi_y, plan.roi_w, plan.roi_h),
+                   "nvjpegDecodeParamsSetROI");
+      int supported = -1;
+      const int asked =
+          static_cast<int>(lib.batched_supported_ex(handle, s.stream.get(), params, &supported));
+      if (asked != nv::kStatusSuccess || supported != 0) {
+        result.to_cpu.push_back(i);
+        continue;
+      }
+      s.positions.push_back(i);
+      s.offsets.push_back(region_bytes);
+      s.plans.push_back(plan);
+      s.batch_params.push_back(params);
+      const size_t bytes = static_cast<size_t>(plan.roi_w) * 3 * static_cast<size_t>(plan.roi_h);
+      region_bytes += (bytes + 255) / 256 * 256;
+    }
+    const size_t n = s.positions.size();
+    if (n == 0) return result;
+    auto* regions = static_cast<uint8_t*>(s.regions.reserve(region_bytes));
+    s.batch_images.assign(n, nv::Image{});
+    s.batch_data.clear();
+    s.batch_lengths.clear();
+    for (size_t k = 0; k < n; ++k) {
+      const GpuJpeg& image = images[s.positions[k]];
+      s.batch_images[k].channel[0] = regions + s.offsets[k];
+      s.batch_images[k].pitch[0] = static_cast<size_t>(s.plans[k].roi_w) * 3;
+      s.batch_data.push_back(image.data);
+      s.batch_lengths.push_back(image.size);
+      s.host_jobs.data()[k] =
+          CropJob{s.plans[k], regions + s.offsets[k], s.batch_images[k].pitch[0],
+                  device_rows + s.positions[k] * row_bytes};
+    }
+    check_nvjpeg(lib.batched_initialize(handle, s.state.get(), static_cast<int>(n), 1,
+                                        static_cast<nv::OutputFormat>(nv::kOutputRgbi)),
+                 "nvjpegDecodeBatchedInitialize");
+    const int decoded = static_cast<int>(
+        lib.batched_decode_ex(handle, s.state.get(), s.batch_data.data(), s.batch_lengths.data(),
+                              s.batch_images.data(), s.batch_params.data(), stream));
+    if (decoded == nv::kStatusBadJpeg || decoded == nv::kStatusIncompleteBitstream ||
+        decoded == nv::kStatusJpegNotSupported) {
+      // One of the files is corrupt past its header, and the batched call does not say which:
+      // the CPU path decodes them all, and its on_error policy names the corrupt one.
+      cudaGetLastError();
+      result.to_cpu.insert(result.to_cpu.end(), s.positions.begin(), s.positions.end());
+      std::sort(result.to_cpu.begin(), result.to_cpu.end());
+      return result;
+    }
+    check_nvjpeg(static_cast<nv::Status>(decoded), "nvjpegDecodeBatchedEx");
+    auto* jobs = static_cast<CropJob*>(s.device_jobs.reserve(n * sizeof(CropJob)));
+    detail::check_cuda(cudaMemcpyAsync(jobs, s.host_jobs.data(), n * sizeof(CropJob),
+                                       cudaMemcpyHostToDevice, stream),
+                       "cudaMemcpyAsync of the crop jobs");
+    detail::check_cuda(static_cast<cudaError_t>(
+                           gpudecode::launch_crop_rows(jobs, static_cast<int>(n), t.size, stream)),
+                       "the crop kernel's launch");
+    // The pinned jobs and the regions are reused by the next batch: wait for this one.
+    detail::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the decode");
+  } catch (const GpuDecodeError& e) {
+    cudaStreamSynchronize(stream);  // nothing of this batch may still write into reused memory
+    throw GpuDecodeError(std::string(e.what()) + ", decoding " + batch_name, e.error_name());
+  } catch (const CudaError& e) {
+    cudaStreamSynchronize(stream);
+    throw GpuDecodeError(std::string(e.what()) + ", decoding " + batch_name, e.name());
+  }
+  std::sort(result.to_cpu.begin(), result.to_cpu.end());
+  return result;
+}
+
+}  // namespace conveyor

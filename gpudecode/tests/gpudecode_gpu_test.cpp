@@ -1,0 +1,269 @@
+// gpudecode_gpu_test: GpuCropDecoder on a GPU with hardware JPEG engines (issue 24). Every test
+// skips, with gpu_decode_status()'s reason, where GPU decode is unavailable (no libnvjpeg.so.13,
+// no CUDA device, no hardware engine).
+// - The pixels against the CPU path (ImageWriter) on photo-like files, for RandomResizedCrop and
+//   the evaluation crop, CHW and HWC: max abs diff <= GpuCropDecoder::kMaxAbsDiff and PSNR >=
+//   kMinPsnr per row (the figures are printed for the GPU check's log). Same bytes twice.
+// - A mixed batch: the files the hardware refuses go to the CPU and their rows are left as they
+//   were; the others are decoded as above.
+// - A corrupt file fails only its own sample, naming the file; a truncated one goes to the CPU,
+//   whose decoder raises it (through the loader's on_error) naming the file.
+// - A CUDA error in the decode (a kernel writing to an unmapped address) fails the batch with
+//   the error's name, and the process lives on (in a death-test child: the error is sticky).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "conveyor/datasets.h"
+#include "conveyor/gpu_decode.h"
+#include "conveyor/jpeg.h"
+
+namespace conveyor {
+namespace {
+
+struct Difference {
+  int max_abs = 0;
+  double psnr = INFINITY;
+};
+Difference compare(const uint8_t* a, const uint8_t* b, size_t n) {
+  Difference d;
+  double squared = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int e = std::abs(int{a[i]} - int{b[i]});
+    d.max_abs = std::max(d.max_abs, e);
+    squared += double(e) * e;
+  }
+  if (squared > 0) d.psnr = 10 * std::log10(255.0 * 255.0 / (squared / double(n)));
+  return d;
+}
+
+class GpuDecode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    status_ = gpu_decode_status();
+    if (!status_.available) GTEST_SKIP() << status_.reason;
+    std::printf("GPU decode on cuda:%d, %u engines x %u cores, %s\n", status_.device,
+                status_.engines, status_.cores_per_engine, status_.library.c_str());
+  }
+
+  // The batch's rows on the GPU, decoded by `decoder`, back on the host; rows it did not write
+  // keep the byte 0x5A.
+  static std::vector<uint8_t> decode_rows(GpuCropDecoder& decoder, const std::vector<GpuJpeg>& in,
+                                          int side, GpuDecodeResult& result) {
+    const at::Tensor rows =
+        at::full({static_cast<int64_t>(in.size()), 3, side, side}, 0x5A,
+                 at::TensorOptions().dtype(at::kByte).device(at::Device(at::kCUDA, 0)));
+    result = decoder.decode(in.data(), in.size(), rows.data_ptr<uint8_t>(),
+                            c10::cuda::getCurrentCUDAStream(0).stream());
+    const at::Tensor host = rows.cpu().contiguous();
+    return std::vector<uint8_t>(host.data_ptr<uint8_t>(), host.data_ptr<uint8_t>() + host.numel());
+  }
+
+  static std::vector<uint8_t> cpu_row(ImageWriter& writer, const GpuJpeg& j) {
+    const int side = writer.transform().size;
+    std::vector<uint8_t> row(static_cast<size_t>(side) * side * 3);
+    writer.write(j.data, j.size, j.context, reinterpret_cast<std::byte*>(row.data()));
+    return row;
+  }
+
+  GpuDecodeStatus status_;
+};
+
+std::vector<std::vector<uint8_t>> photos(size_t n, uint64_t seed) {
+  std::vector<std::vector<uint8_t>> files;
+  for (size_t i = 0; i < n; ++i) {
+    const int w = i % 3 == 0 ? 375 : 500 + static_cast<int>(i % 5) * 17;
+    const int h = i % 3 == 0 ? 500 : 375;
+    files.push_back(make_photo_jpeg(w, h, seed + i, 90));
+  }
+  return files;
+}
+
+std::vector<GpuJpeg> batch_of(const std::vector<std::vector<uint8_t>>& files, uint64_t epoch) {
+  std::vector<GpuJpeg> batch;
+  for (size_t i = 0; i < files.size(); ++i) {
+    batch.push_back(GpuJpeg{files[i].data(), files[i].size(), SampleContext{0, i, 7, epoch},
+                            "photo" + std::to_string(i) + ".jpg"});
+  }
+  return batch;
+}
+
+TEST_F(GpuDecode, PixelsMatchTheCpuPathWithinTheStatedTolerance) {
+  const std::vector<std::vector<uint8_t>> files = photos(64, 100);
+  for (ImageTransform t : {ImageTransform::train(224), ImageTransform::eval(224, 256)}) {
+    for (ImageLayout layout : {ImageLayout::kCHW, ImageLayout::kHWC}) {
+      t.layout = layout;
+      GpuDecodeOptions o;
+      o.transform = t;
+      o.max_batch = 64;
+      GpuCropDecoder decoder(o);
+      ImageWriter writer(t);
+      const std::vector<GpuJpeg> batch = batch_of(files, 2);
+      GpuDecodeResult result;
+      const std::vector<uint8_t> rows = decode_rows(decoder, batch, t.size, result);
+      EXPECT_TRUE(result.to_cpu.empty()) << result.to_cpu.size() << " baseline photos refused";
+      EXPECT_TRUE(result.failed.empty()) << result.failed.front().message;
+      const size_t row_bytes = static_cast<size_t>(t.size) * t.size * 3;
+      int worst_abs = 0;
+      double worst_psnr = INFINITY, sum_psnr = 0;
+      for (size_t i = 0; i < batch.size(); ++i) {
+        const std::vector<uint8_t> cpu = cpu_row(writer, batch[i]);
+        const Difference d = compare(cpu.data(), rows.data() + i * row_bytes, row_bytes);
+        EXPECT_LE(d.max_abs, GpuCropDecoder::kMaxAbsDiff) << batch[i].name;
+        EXPECT_GE(d.psnr, GpuCropDecoder::kMinPsnr) << batch[i].name;
+        worst_abs = std::max(worst_abs, d.max_abs);
+        worst_psnr = std::min(worst_psnr, d.psnr);
+        sum_psnr += std::isinf(d.psnr) ? 99.0 : d.psnr;
+      }
+      std::printf(
+          "GPU vs CPU path, %s %s, %zu photos: max abs diff %d, PSNR worst %.1f dB, "
+          "mean %.1f dB\n",
+          t.mode == ImageTransform::Mode::kRandomResizedCrop ? "RandomResizedCrop" : "eval",
+          layout == ImageLayout::kHWC ? "HWC" : "CHW", batch.size(), worst_abs, worst_psnr,
+          sum_psnr / double(batch.size()));
+      // Bit-exact per decoder: the same batch decodes to the same bytes again.
+      GpuDecodeResult again;
+      EXPECT_EQ(decode_rows(decoder, batch, t.size, again), rows);
+    }
+  }
+}
+
+TEST_F(GpuDecode, FilesTheHardwareRefusesGoToTheCpuAndTheirRowsAreUntouched) {
+  std::vector<uint8_t> rgb(160 * 120 * 3);
+  std::mt19937 rng(9);
+  for (uint8_t& v : rgb) v = static_cast<uint8_t>(rng() % 64 + 96);
+  auto encoded = [&](EncodeOptions::Color color, int h, int v, bool progressive) {
+    EncodeOptions e;
+    e.color = color;
+    e.h_samp = h;
+    e.v_samp = v;
+    e.progressive = progressive;
+    return encode_jpeg(rgb.data(), 160, 120, e);
+  };
+  using C = EncodeOptions::Color;
+  std::vector<std::vector<uint8_t>> files = photos(4, 500);
+  files.push_back(encoded(C::kYCbCr, 2, 2, true));   // progressive
+  files.push_back(encoded(C::kCmyk, 1, 1, false));   // CMYK
+  files.push_back(encoded(C::kYCbCr, 4, 1, false));  // 4:1:1
+  files.push_back(encoded(C::kYcck, 2, 2, false));   // YCCK
+  files.push_back(encoded(C::kYCbCr, 4, 2, false));  // 4:1:0
+  files.push_back(encoded(C::kYCbCr, 2, 1, false));  // 4:2:2 baseline: hardware
+  files.push_back(encoded(C::kGray, 1, 1, false));   // grayscale baseline: hardware
+  const ImageTransform t = ImageTransform::train(64);
+  GpuDecodeOptions o;
+  o.transform = t;
+  GpuCropDecoder decoder(o);
+  ImageWriter writer(t);
+  const std::vector<GpuJpeg> batch = batch_of(files, 0);
+  GpuDecodeResult result;
+  const std::vector<uint8_t> rows = decode_rows(decoder, batch, t.size, result);
+  EXPECT_TRUE(result.failed.empty());
+  std::vector<size_t> expected_cpu;
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (!hardware_route(files[i].data(), files[i].size()).hardware) expected_cpu.push_back(i);
+  }
+  EXPECT_EQ(result.to_cpu, expected_cpu);
+  const size_t row_bytes = static_cast<size_t>(t.size) * t.size * 3;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const uint8_t* row = rows.data() + i * row_bytes;
+    if (std::find(result.to_cpu.begin(), result.to_cpu.end(), i) != result.to_cpu.end()) {
+      EXPECT_TRUE(std::all_of(row, row + row_bytes, [](uint8_t b) { return b == 0x5A; }))
+          << "row " << i << " was written though its file went to the CPU";
+      continue;
+    }
+    const std::vector<uint8_t> cpu = cpu_row(writer, batch[i]);
+    const Difference d = compare(cpu.data(), row, row_bytes);
+    EXPECT_LE(d.max_abs, GpuCropDecoder::kMaxAbsDiff) << "file " << i;
+    EXPECT_GE(d.psnr, GpuCropDecoder::kMinPsnr) << "file " << i;
+  }
+}
+
+TEST_F(GpuDecode, ACorruptFileFailsOnlyItsOwnSampleNamingTheFile) {
+  std::vector<std::vector<uint8_t>> files = photos(4, 900);
+  std::vector<uint8_t> bad = files[1];
+  for (size_t i = 2; i < 200 && i < bad.size(); ++i) bad[i] = static_cast<uint8_t>(i * 37);
+  files[1] = bad;                        // a broken header
+  files[2].resize(files[2].size() / 2);  // cut short
+  const ImageTransform t = ImageTransform::train(96);
+  GpuDecodeOptions o;
+  o.transform = t;
+  GpuCropDecoder decoder(o);
+  ImageWriter writer(t);
+  std::vector<GpuJpeg> batch = batch_of(files, 1);
+  batch[1].name = "/data/broken-header.jpg";
+  batch[2].name = "/data/cut-short.jpg";
+  GpuDecodeResult result;
+  const std::vector<uint8_t> rows = decode_rows(decoder, batch, t.size, result);
+  ASSERT_EQ(result.failed.size(), 1u);
+  EXPECT_EQ(result.failed[0].position, 1u);
+  EXPECT_NE(result.failed[0].message.find("/data/broken-header.jpg"), std::string::npos)
+      << result.failed[0].message;
+  EXPECT_NE(result.failed[0].message.find("NVJPEG_STATUS_"), std::string::npos)
+      << result.failed[0].message;
+  EXPECT_EQ(result.to_cpu, std::vector<size_t>{2});
+  // The CPU path raises the truncated file (the loader's on_error then names it).
+  EXPECT_THROW(cpu_row(writer, batch[2]), JpegError);
+  const size_t row_bytes = static_cast<size_t>(t.size) * t.size * 3;
+  for (size_t i : {size_t{0}, size_t{3}}) {
+    const std::vector<uint8_t> cpu = cpu_row(writer, batch[i]);
+    EXPECT_GE(compare(cpu.data(), rows.data() + i * row_bytes, row_bytes).psnr,
+              GpuCropDecoder::kMinPsnr)
+        << batch[i].name;
+  }
+}
+
+// The kernel writes to an address no allocation holds: CUDA reports cudaErrorIllegalAddress,
+// which is sticky (the context is lost), so the test runs in a fresh child process. The batch
+// fails with GpuDecodeError naming the error and the batch's first file; the process goes on.
+TEST_F(GpuDecode, ACudaErrorFailsTheBatchNotTheProcessInAChildProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        const std::vector<std::vector<uint8_t>> files = photos(2, 40);
+        GpuDecodeOptions o;
+        o.transform = ImageTransform::train(64);
+        GpuCropDecoder decoder(o);
+        std::vector<GpuJpeg> batch = batch_of(files, 0);
+        batch[0].name = "/data/first-of-the-batch.jpg";
+        auto* unmapped = reinterpret_cast<uint8_t*>(uintptr_t{1} << 46);
+        try {
+          decoder.decode(batch.data(), batch.size(), unmapped,
+                         c10::cuda::getCurrentCUDAStream(0).stream());
+          std::fprintf(stderr, "no error\n");
+          std::exit(1);
+        } catch (const GpuDecodeError& e) {
+          std::fprintf(stderr, "GpuDecodeError %s: %s\n", e.error_name().c_str(), e.what());
+          const std::string what = e.what();
+          std::exit(e.error_name() == "cudaErrorIllegalAddress" &&
+                            what.find("/data/first-of-the-batch.jpg") != std::string::npos
+                        ? 0
+                        : 2);
+        }
+      },
+      ::testing::ExitedWithCode(0), "GpuDecodeError cudaErrorIllegalAddress");
+}
+
+TEST_F(GpuDecode, ABatchLargerThanMaxBatchIsRefused) {
+  const std::vector<std::vector<uint8_t>> files = photos(3, 7);
+  GpuDecodeOptions o;
+  o.transform = ImageTransform::train(32);
+  o.max_batch = 2;
+  GpuCropDecoder decoder(o);
+  const std::vector<GpuJpeg> batch = batch_of(files, 0);
+  GpuDecodeResult result;
+  EXPECT_THROW(decode_rows(decoder, batch, 32, result), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace conveyor
