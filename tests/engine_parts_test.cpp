@@ -14,7 +14,7 @@
 #include "batch_filler.h"
 #include "device_stager.h"
 #include "host_batch.h"
-#include "index_queue.h"
+#include "job_queue.h"
 #include "options.h"
 #include "reorderer.h"
 #include "test_support.h"
@@ -116,6 +116,42 @@ TEST(IndexQueue, PopForGivesUpAfterItsTimeout) {
   EXPECT_EQ(queue.pop_for(30ms), std::optional<uint32_t>(3));
 }
 
+// close() ends every wait, now and later, and an index pushed after it is still queued (a slot
+// released after the ring closed is not lost).
+TEST(IndexQueue, CloseWakesEveryWaiterAndKeepsLaterPushes) {
+  IndexQueue queue(8);
+  std::atomic<int> woke{0};
+  std::vector<std::thread> waiters;
+  for (int w = 0; w < 3; ++w) {
+    waiters.emplace_back([&] {
+      if (!queue.wait().has_value()) woke.fetch_add(1);
+    });
+  }
+  std::this_thread::sleep_for(20ms);  // let them block
+  testing::finishes_within(10s, "IndexQueue::close wakes the waiters", [&] {
+    queue.close();
+    for (auto& t : waiters) t.join();
+  });
+  EXPECT_EQ(woke.load(), 3);
+  queue.push(5);
+  EXPECT_FALSE(queue.wait().has_value());
+  EXPECT_FALSE(queue.try_pop().has_value());
+  EXPECT_FALSE(queue.pop_for(1ms).has_value());
+  EXPECT_TRUE(queue.closed());
+}
+
+// A broken invariant of the machinery (here: more indices in flight than the queue was sized
+// for) has one policy, in the slot ring and the job queues alike: the process stops, naming it.
+TEST(IndexQueueDeathTest, OverfillingStopsTheProcessNamingTheInvariant) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        IndexQueue queue(2);
+        for (uint32_t i = 0; i < 64; ++i) queue.push(i);
+      },
+      "internal invariant broken.*sized for every index in flight");
+}
+
 TEST(JobQueue, CarriesEachChunkOfEachSlotAndGivesBackUnstartedOnes) {
   JobQueue jobs(/*slots=*/3, /*chunks_per_batch=*/4);
   jobs.push_batch(2, 4);
@@ -140,7 +176,7 @@ TEST(JobQueue, StopWakesEveryWaitingWorker) {
   }
   std::this_thread::sleep_for(20ms);  // let them block
   testing::finishes_within(10s, "JobQueue::stop wakes the workers", [&] {
-    jobs.stop(3);
+    jobs.stop();
     for (auto& t : workers) t.join();
   });
   EXPECT_EQ(woke.load(), 3);

@@ -70,10 +70,35 @@ TEST(TorchDataOptions, ResolvedOptionsMatchTorchsLoader) {
         stacked(10), DataLoaderOptions(4).workers(workers).max_jobs(max_jobs).drop_last(true));
     EXPECT_EQ(ours->options().batch_size, theirs->options().batch_size);
     EXPECT_EQ(ours->options().workers, theirs->options().workers);
-    EXPECT_EQ(ours->options().max_jobs, theirs->options().max_jobs);
+    // max_jobs: torch's when given; unset, the collated path's default number of batch slots
+    // (workers + prefetch_factor + 2, one worker at least), which is what it uses (issue 22).
+    EXPECT_EQ(ours->options().max_jobs,
+              max_jobs ? theirs->options().max_jobs : std::max<size_t>(1, workers) + 2 + 2);
     EXPECT_EQ(ours->options().timeout, theirs->options().timeout);
     EXPECT_EQ(ours->options().enforce_ordering, theirs->options().enforce_ordering);
     EXPECT_EQ(ours->options().drop_last, theirs->options().drop_last);
+  }
+}
+
+// options().max_jobs is the number of batch slots the engine really has (issue 22: it said
+// 2 * workers on the collated path), on the collated path and for SampleSources.
+TEST(TorchDataOptions, MaxJobsIsTheBatchSlotsInUse) {
+  const auto slots_in_use = [](const LoaderStats& stats) {
+    return std::accumulate(stats.slot_states.begin(), stats.slot_states.end(), size_t{0});
+  };
+  for (const auto& [workers, max_jobs] :
+       std::vector<std::pair<size_t, std::optional<size_t>>>{{0, {}}, {3, {}}, {2, 7}, {2, 1}}) {
+    SCOPED_TRACE("workers=" + std::to_string(workers));
+    const DataLoaderOptions options = DataLoaderOptions(4).workers(workers).max_jobs(max_jobs);
+    auto collated = make_data_loader(stacked(10), options);
+    auto source = make_data_loader(std::make_shared<testing::IndexSource>(10), options);
+    for (Batch& b : *source) (void)b;
+    for (auto& b : *collated) (void)b;
+    EXPECT_EQ(collated->options().max_jobs, slots_in_use(collated->stats()));
+    EXPECT_EQ(source->options().max_jobs, slots_in_use(source->stats()));
+    if (max_jobs && *max_jobs >= 2) {
+      EXPECT_EQ(collated->options().max_jobs, *max_jobs);
+    }
   }
 }
 

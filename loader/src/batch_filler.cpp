@@ -4,7 +4,7 @@
 #include <array>
 #include <chrono>
 
-#include "invariant.h"
+#include "conveyor/internal/invariant.h"
 
 namespace conveyor::detail {
 

@@ -142,7 +142,12 @@ void DataLoader::Impl::load(torch::serialize::InputArchive& archive) {
   // Everything is read and checked before anything changes.
   detail::check_shape(archive, order_shape());
   sampler_->check(archive);
-  resume_ = detail::read_position(archive, source_->size());
+  resume(detail::read_position(archive, source_->size()));
+}
+
+void DataLoader::Impl::resume(const detail::CheckpointPosition& position) {
+  if (joined_) detail::throw_joined();
+  resume_ = position;
   next_epoch_.reset();
   epoch_batches_.reset();
   ++runs_;  // the iterators of the epoch in progress are replaced too

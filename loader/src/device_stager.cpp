@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "invariant.h"
+#include "conveyor/internal/invariant.h"
 
 namespace conveyor::detail {
 

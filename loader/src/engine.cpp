@@ -1,26 +1,19 @@
+// The engine: construction, the workers, and the consumer's dispatch, collection and
+// cancelling (hand-out: hand_out.cpp; checkpoints: checkpoint.cpp).
 #include "engine.h"
 
 #include <algorithm>
 #include <chrono>
 
+#include "conveyor/internal/invariant.h"
 #include "conveyor/internal/trace.h"
-#include "invariant.h"
 
 namespace conveyor {
-namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-}  // namespace
-
-DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, const LoaderOptions& options,
+DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOptions options,
                        std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine)
     : source_(std::move(source)),
-      options_(detail::resolve_options(options, /*check_device=*/!copy_engine)),
+      options_(std::move(options)),
       sampler_(sampler ? std::move(sampler) : SequentialSampler::make()),
       jobs_(options_.slots, options_.chunks_per_batch),
       completed_(options_.slots),
@@ -74,7 +67,7 @@ DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, const LoaderOptions
       workers_.emplace_back([this, w] { worker_loop(w); });
     }
   } catch (...) {  // no destructor will run: stop the workers already started
-    jobs_.stop(workers_.size());
+    jobs_.stop();
     workers_.clear();
     throw;
   }
@@ -86,7 +79,7 @@ void DataLoader::Impl::join() {
   if (joined_) return;
   joined_ = true;
   generation_.fetch_add(1);  // workers abandon their batch at the next sample
-  jobs_.stop(workers_.size());
+  jobs_.stop();
   shared_->ring.close();
   workers_.clear();  // joins
   stager_.reset();   // drops staged batches, then waits for outstanding copies and callbacks
@@ -301,7 +294,7 @@ std::optional<uint32_t> DataLoader::Impl::take_next(Clock::time_point deadline) 
       } else {
         popped = completed_.pop_for(std::chrono::ceil<std::chrono::milliseconds>(deadline - now));
       }
-      wait_seconds_ += seconds_since(t_wait);
+      wait_seconds_ += detail::seconds_since(t_wait);
       if (!popped) {
         awaited_ = Awaited::kBatch;
         return std::nullopt;
@@ -311,155 +304,6 @@ std::optional<uint32_t> DataLoader::Impl::take_next(Clock::time_point deadline) 
     if (!options_.enforce_ordering) return popped;
     reorder_.put(meta_[*popped]->sequence, *popped);
   }
-}
-
-void DataLoader::Impl::throw_timeout() const {
-  const std::string ms = std::to_string(options_.timeout->count()) + " ms";
-  if (awaited_ == Awaited::kSlot) {
-    throw TimeoutError("conveyor: no batch slot came free within " + ms + " (batch " +
-                       std::to_string(dispatched_) + " of epoch " + std::to_string(epoch_) + ")");
-  }
-  throw TimeoutError("conveyor: no batch arrived within " + ms + " (waiting for batch " +
-                     std::to_string(wanted()) + " of epoch " + std::to_string(epoch_) + ", " +
-                     std::to_string(workers_.size()) + " workers)");
-}
-
-void DataLoader::Impl::raise_failure(const detail::SlotMeta& meta) const {
-  if (meta.cancelled) {
-    throw std::logic_error("conveyor: internal error: a cancelled batch reached the consumer");
-  }
-  throw SampleError("conveyor: sample " + std::to_string(meta.error_index) + " (" +
-                        meta.error_path + ") failed in batch " + std::to_string(meta.sequence) +
-                        " of epoch " + std::to_string(meta.epoch) + ": " + meta.error_message,
-                    meta.error_index, meta.error_path, meta.error);
-}
-
-std::exception_ptr DataLoader::Impl::take_failure(uint32_t slot) {
-  std::exception_ptr failure;
-  try {
-    raise_failure(*meta_[slot]);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  shared_->ring.release(slot);
-  return failure;
-}
-
-detail::BatchHeader DataLoader::Impl::header(uint32_t slot) const {
-  const detail::SlotMeta& meta = *meta_[slot];
-  return {meta.indices, meta.epoch, meta.sequence};
-}
-
-// ---------------------------------------------------------------------------------------------
-// Consumer: hand out
-
-void DataLoader::Impl::stage_copies(Clock::time_point deadline) {
-  while (!stager_->full() && next_stage_ < num_batches_) {
-    std::optional<uint32_t> slot =
-        take_next(stager_->empty() ? deadline : Clock::time_point::min());
-    if (!slot) return;
-    const auto t0 = Clock::now();
-    const detail::SlotMeta& meta = *meta_[*slot];
-    const trace::Range issuing(trace::Name::kIssueCopy, meta.sequence);
-    if (meta.failed() || meta.cancelled) {
-      std::exception_ptr failure = take_failure(*slot);  // releases the slot
-      ++next_stage_;
-      stager_->stage_failure(std::move(failure));
-    } else {
-      // Everything that allocates comes before begin_copy(): if it throws, the slot is held back
-      // (kReady) for the next call, and no batch is lost or stranded in kCopying.
-      Batch batch;
-      std::vector<at::Tensor> views;
-      std::function<void()> hand_back;
-      try {
-        batch = detail::empty_batch(header(*slot), fields_);
-        views = detail::slot_views(shared_->ring, *slot, fields_, meta.indices.size());
-        hand_back = [shared = shared_, s = *slot] { shared->ring.copy_finished(s); };
-      } catch (...) {
-        held_back_ = *slot;
-        throw;
-      }
-      ++next_stage_;
-      CudaEvent* slot_event = shared_->ring.begin_copy(*slot);
-      stager_->stage(std::move(batch), views, slot_event, std::move(hand_back));
-    }
-    copy_issue_seconds_ += seconds_since(t0);
-  }
-}
-
-DataLoader::Poll DataLoader::Impl::poll(std::chrono::milliseconds wait) {
-  return poll_until(Clock::now() + std::clamp(wait, std::chrono::milliseconds::zero(),
-                                              std::chrono::milliseconds(std::chrono::hours(24))));
-}
-
-std::optional<Batch> DataLoader::Impl::next() {
-  DataLoader::Poll p = poll_until(Clock::time_point::max());
-  CONVEYOR_CHECK(p.batch || p.end, "a wait without a deadline ends with a batch or the end");
-  return std::move(p.batch);
-}
-
-DataLoader::Poll DataLoader::Impl::poll_until(Clock::time_point deadline) {
-  if (joined_) detail::throw_joined();
-  if (!started_ || resume_) start_epoch();
-  DataLoader::Poll result;
-  if (next_sequence_ >= num_batches_) {
-    result.end = true;
-    return result;
-  }
-  // The loader's timeout runs from the first wait for this batch, across polls.
-  const auto now = Clock::now();
-  if (!waiting_since_) waiting_since_ = now;
-  Clock::time_point until = deadline;
-  bool timeout_rules = false;
-  if (options_.timeout && *waiting_since_ + *options_.timeout <= until) {
-    until = *waiting_since_ + *options_.timeout;
-    timeout_rules = true;
-  }
-  const auto nothing_yet = [&] {
-    if (timeout_rules && Clock::now() >= until) {
-      waiting_since_.reset();  // the next call waits a whole timeout again
-      throw_timeout();
-    }
-    return result;
-  };
-  if (stager_) {
-    if (deferred_failure_) std::rethrow_exception(std::exchange(deferred_failure_, nullptr));
-    stager_->engine().check();  // a lost slot or a sticky CUDA error shows at the next batch
-    stage_copies(until);
-    if (stager_->empty()) return nothing_yet();
-    detail::DeviceStager::Delivered delivered = stager_->deliver();
-    ++next_sequence_;
-    waiting_since_.reset();
-    if (delivered.failure) std::rethrow_exception(delivered.failure);
-    try {
-      stage_copies(Clock::time_point::min());  // keep the device prefetch_factor batches ahead
-    } catch (...) {
-      deferred_failure_ = std::current_exception();  // this batch is good: report it next time
-    }
-    ++batches_;
-    samples_ += delivered.batch->size();
-    result.batch = std::move(delivered.batch);
-    return result;
-  }
-  const std::optional<uint32_t> slot = take_next(until);
-  if (!slot) return nothing_yet();
-  const detail::SlotMeta& meta = *meta_[*slot];
-  if (meta.failed() || meta.cancelled) {
-    ++next_sequence_;
-    waiting_since_.reset();
-    std::rethrow_exception(take_failure(*slot));
-  }
-  try {
-    result.batch = host_->make(*slot, header(*slot));
-  } catch (...) {  // the slot is still ours (kReady): hand it out next time
-    held_back_ = *slot;
-    throw;
-  }
-  ++next_sequence_;
-  waiting_since_.reset();
-  ++batches_;
-  samples_ += result.batch->size();
-  return result;
 }
 
 }  // namespace conveyor

@@ -48,15 +48,23 @@
 #include "device_stager.h"
 #include "errors.h"
 #include "host_batch.h"
-#include "index_queue.h"
+#include "job_queue.h"
 #include "options.h"
 #include "reorderer.h"
 
 namespace conveyor {
+namespace detail {
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace detail
 
 class DataLoader::Impl {
  public:
-  Impl(std::shared_ptr<SampleSource> source, const LoaderOptions& options,
+  // `options` were resolved by resolve_options() (DataLoader's constructor, or the drop-in).
+  Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOptions options,
        std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine);
   ~Impl();
 
@@ -66,6 +74,9 @@ class DataLoader::Impl {
   void set_epoch(uint64_t epoch) { next_epoch_ = epoch; }
   void save(torch::serialize::OutputArchive& archive) const;  // checkpoint.cpp
   void load(torch::serialize::InputArchive& archive);
+  // The next start_epoch() continues at `position` (what load() read): the iterators of the epoch
+  // in progress are replaced.
+  void resume(const detail::CheckpointPosition& position);
   void join();
 
   uint64_t epoch() const { return epoch_; }

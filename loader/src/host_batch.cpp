@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "invariant.h"
+#include "conveyor/internal/invariant.h"
 
 namespace conveyor::detail {
 

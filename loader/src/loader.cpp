@@ -23,8 +23,10 @@ const at::Tensor& Batch::field(const std::string& name) const {
 
 DataLoader::DataLoader(std::shared_ptr<SampleSource> source, LoaderOptions options,
                        std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine)
-    : impl_(std::make_unique<Impl>(std::move(source), options, std::move(sampler),
-                                   std::move(copy_engine))) {}
+    : impl_(std::make_unique<Impl>(std::move(source),
+                                   detail::resolve_options(options, /*check_device=*/!copy_engine),
+                                   std::move(sampler), std::move(copy_engine))) {}
+DataLoader::DataLoader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DataLoader::~DataLoader() = default;
 
 DataLoader::Iterator DataLoader::begin() {

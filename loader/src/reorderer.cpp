@@ -1,6 +1,6 @@
 #include "reorderer.h"
 
-#include "invariant.h"
+#include "conveyor/internal/invariant.h"
 
 namespace conveyor::detail {
 

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include "engine.h"
 #include "errors.h"
 #include "options.h"
 #include "torch_data_engine.h"
@@ -23,12 +24,7 @@ WorkerError::WorkerError(std::exception_ptr original, size_t index, std::string 
 
 namespace detail {
 
-namespace {
-
-// DataLoaderOptions as conveyor::DataLoader's options. The engine's rules (checks, defaults,
-// clamps) are resolve_options()'s; only the drop-in's own are here: max_jobs >= 1, workers == 0
-// meaning one background worker, and max_jobs meaning batch slots (plus the prefetched ones).
-LoaderOptions to_loader_options(const DataLoaderOptions& options) {
+DropInOptions resolve_drop_in(const DataLoaderOptions& options) {
   if (options.max_jobs() && *options.max_jobs() == 0) {
     throw std::invalid_argument("conveyor: DataLoaderOptions max_jobs must be at least 1");
   }
@@ -44,16 +40,22 @@ LoaderOptions to_loader_options(const DataLoaderOptions& options) {
   o.device = options.device();
   o.pin_memory = options.pin_memory();
   o.prefetch_factor = options.prefetch_factor();
-  const ResolvedOptions resolved = resolve_options(o);  // throws, naming the option
-  if (options.max_jobs()) {
-    o.slots = *options.max_jobs() + (resolved.device.is_cuda() ? resolved.prefetch_factor : 0);
+  DropInOptions resolved{options, resolve_options(o, /*check_device=*/false)};  // names the option
+  o.device = resolve_device(o.device);  // the one CUDA query
+  resolved.engine.device = o.device;
+  if (options.max_jobs()) {  // the slots depend on the device: resolve them again, without it
+    const size_t prefetched = o.device.is_cuda() ? resolved.engine.prefetch_factor : 0;
+    o.slots = *options.max_jobs() + prefetched;
+    resolved.engine = resolve_options(o, /*check_device=*/false);
   }
-  return o;
+  return resolved;
 }
 
-}  // namespace
+size_t DropInOptions::max_jobs() const {
+  return engine.slots - (engine.device.is_cuda() ? engine.prefetch_factor : 0);
+}
 
-void check_options(const DataLoaderOptions& options) { (void)to_loader_options(options); }
+void check_options(const DataLoaderOptions& options) { (void)resolve_drop_in(options); }
 
 torch::data::DataLoaderOptions to_torch_options(const DataLoaderOptions& options) {
   torch::data::DataLoaderOptions o(options.batch_size());
@@ -84,12 +86,14 @@ void pin_tensor(at::Tensor& tensor) {
 
 TorchConventionEngine::TorchConventionEngine(std::shared_ptr<SampleSource> source,
                                              std::unique_ptr<Sampler> sampler,
-                                             const DataLoaderOptions& options, std::string path)
-    : options_(options),
+                                             const DropInOptions& options, std::string path)
+    : options_(options.user),
       path_(std::move(path)),
-      loader_(source ? std::move(source)
-                     : throw std::invalid_argument("conveyor: make_data_loader needs a dataset"),
-              to_loader_options(options), std::move(sampler)) {}
+      max_jobs_(options.max_jobs()),
+      loader_(std::make_unique<DataLoader::Impl>(
+          source ? std::move(source)
+                 : throw std::invalid_argument("conveyor: make_data_loader needs a dataset"),
+          options.engine, std::move(sampler), nullptr)) {}
 
 void TorchConventionEngine::start_epoch(std::optional<uint64_t> epoch,
                                         std::vector<size_t> reported) {
@@ -128,6 +132,15 @@ void TorchConventionEngine::load(torch::serialize::InputArchive& archive) {
   loader_.load(archive);
 }
 
+void TorchConventionEngine::resume(uint64_t epoch, size_t received, bool complete) {
+  if (joined_) throw_joined();
+  CheckpointPosition position;
+  position.epoch = epoch;
+  position.received = received;
+  position.complete = complete;
+  loader_.impl_->resume(position);
+}
+
 void TorchConventionEngine::join() {
   joined_ = true;
   loader_.join();
@@ -147,8 +160,10 @@ class SourceDataLoader final : public TorchDataLoader<Batch> {
                    const DataLoaderOptions& options)
       : TorchDataLoader<Batch>(options),
         engine_(std::move(source),
-                sampler ? std::move(sampler) : RandomSampler::make(options.seed()), options,
-                "source") {}
+                sampler ? std::move(sampler) : RandomSampler::make(options.seed()),
+                resolve_drop_in(options), "source") {
+    report_max_jobs(engine_.max_jobs());
+  }
   void join() override { engine_.join(); }
   LoaderStats stats() const override { return engine_.stats(); }
   std::string mode() const override { return engine_.mode(); }

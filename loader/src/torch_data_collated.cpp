@@ -157,13 +157,15 @@ CollatedEngine::CollatedEngine(std::shared_ptr<ProbedSource> source,
     : source_(std::move(source)),
       sampler_(std::move(sampler)),
       drawn_(sampler_.get()),
-      options_(options) {
-  check_options(options_);
+      options_(options),
+      resolved_(std::make_unique<const DropInOptions>(resolve_drop_in(options))) {
   if (!source_) throw std::invalid_argument("conveyor: make_data_loader needs a dataset");
   if (!sampler_) throw std::invalid_argument("conveyor: make_data_loader needs a sampler");
 }
 
 CollatedEngine::~CollatedEngine() = default;
+
+size_t CollatedEngine::max_jobs() const { return resolved_->max_jobs(); }
 
 void CollatedEngine::start_epoch() {
   if (joined_) throw_joined();
@@ -257,18 +259,12 @@ bool CollatedEngine::build_engine() {
       throw_probe_failure(outcome);
     }
     source_->set_fields(std::move(outcome.fields), outcome.index);
-    engine_ =
-        std::make_unique<TorchConventionEngine>(source_, std::move(sampler_), options_, "collated");
+    engine_ = std::make_unique<TorchConventionEngine>(source_, std::move(sampler_), *resolved_,
+                                                      "collated");
     if (engine_resume_) {
-      // The epoch resumes at a later batch: only DataLoader::load starts an epoch there. The
-      // sampler's order for it is the one kept (restored by load()), which write_position saves.
-      torch::serialize::OutputArchive out;
-      write_position(out, *engine_resume_);
-      std::stringstream bytes;
-      out.save_to(bytes);
-      torch::serialize::InputArchive in;
-      in.load_from(bytes);
-      engine_->load(in);
+      // The epoch resumes at a later batch. The sampler's order for it is the one kept (restored
+      // by load()).
+      engine_->resume(engine_resume_->epoch, engine_resume_->received, engine_resume_->complete);
       engine_resume_.reset();
       engine_->start_epoch(std::nullopt, std::move(reported_));
     } else {
@@ -375,7 +371,7 @@ void CollatedEngine::load(torch::serialize::InputArchive& archive) {
   DrawnOrderSampler::SavedOrder order;
   const Position p = read_position(archive, order);
   if (engine_) {
-    engine_->load(archive);  // checks the same fields again: it does not throw now
+    engine_->resume(p.epoch, p.received, p.complete);
   } else {
     resume_ = p;
   }

@@ -23,15 +23,29 @@
 
 #include "conveyor/loader.h"
 #include "conveyor/torch_data.h"
+#include "options.h"
 
 namespace conveyor {
 namespace detail {
+
+// DataLoaderOptions resolved once (one CUDA query), for the engine: what the drop-in's loaders
+// keep and pass on. The drop-in's own rules are here: max_jobs >= 1, workers == 0 meaning one
+// background worker, and max_jobs meaning batch slots (plus the prefetched ones on a CUDA
+// device); every other rule is resolve_options()'s.
+struct DropInOptions {
+  DataLoaderOptions user;  // as given: torch's conventions (workers == 0, timeout) follow these
+  ResolvedOptions engine;
+  // The batch slots in use, as FullDataLoaderOptions::max_jobs reports them.
+  size_t max_jobs() const;
+};
+// Throws std::invalid_argument naming the option that no path can honour.
+DropInOptions resolve_drop_in(const DataLoaderOptions& options);
 
 class TorchConventionEngine {
  public:
   // `path` names the drop-in's path in mode(): "collated" (a torch dataset) or "source".
   TorchConventionEngine(std::shared_ptr<SampleSource> source, std::unique_ptr<Sampler> sampler,
-                        const DataLoaderOptions& options, std::string path);
+                        const DropInOptions& options, std::string path);
   // Starts the next epoch, or `epoch` when given. `reported`: samples of that epoch whose failure
   // the caller has already reported; the batch each one fails is passed over once.
   void start_epoch(std::optional<uint64_t> epoch = std::nullopt, std::vector<size_t> reported = {});
@@ -39,14 +53,19 @@ class TorchConventionEngine {
   // DataLoader::save and DataLoader::load (which see).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+  // What load() does once the archive is read: the next start_epoch() continues `epoch` after
+  // its `received` batches (or, when `complete`, starts the one after it).
+  void resume(uint64_t epoch, size_t received, bool complete);
   void join();
   LoaderStats stats() const;
   // The path's name, ": ", and the engine's mode.
   std::string mode() const;
+  size_t max_jobs() const { return max_jobs_; }  // DropInOptions::max_jobs()
 
  private:
   DataLoaderOptions options_;
   std::string path_;
+  size_t max_jobs_;
   DataLoader loader_;
   std::vector<size_t> reported_;
   bool joined_ = false;

@@ -11,10 +11,9 @@
 
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
-#include <boost/lockfree/queue.hpp>
 
 #include "conveyor/internal/cuda_check.h"
-#include "conveyor/internal/semaphore.h"
+#include "conveyor/internal/index_queue.h"
 
 namespace conveyor {
 namespace {
@@ -116,8 +115,8 @@ size_t layout_bytes(const SlotLayout& layout, std::vector<size_t>& offsets) {
 
 // The ring's machinery. Each slot's state is one atomic, moved only by compare-and-swap from the
 // state a transition leaves, so an illegal move is detected, never applied. A free slot's index is
-// in `free` exactly once; `free_count` counts the queued indices (push, then release a permit;
-// acquire a permit, then pop), plus the wake-ups close() hands out.
+// in `free` exactly once (an IndexQueue, like the loader's job queues: a permit stands for a
+// queued index, and close() ends every wait).
 struct SlotRing::Impl {
   struct Slot {
     std::atomic<SlotState> state{SlotState::kFree};
@@ -136,28 +135,14 @@ struct SlotRing::Impl {
     }
   }
 
-  void push_free(uint32_t slot) {
-    // The queue was sized for every slot at construction, so push never allocates or fails.
-    free.bounded_push(slot);
-    free_count.release();
-  }
-
-  std::optional<uint32_t> pop_free() {
-    uint32_t slot = 0;
-    if (!free.pop(slot)) {
-      // A permit always matches a queued index (push before release), so this cannot happen.
-      throw std::logic_error("conveyor: SlotRing free queue out of step with its count");
-    }
-    transition(slot, SlotState::kFree, SlotState::kFilling);
+  // A slot popped from `free` (nullopt: none, or closed) moves to kFilling.
+  std::optional<uint32_t> fill(std::optional<uint32_t> slot) {
+    if (slot) transition(*slot, SlotState::kFree, SlotState::kFilling);
     return slot;
   }
 
-  bool closed() const { return is_closed.load(std::memory_order_acquire); }
-
   std::vector<Slot> slots;
-  boost::lockfree::queue<uint32_t> free;
-  Semaphore free_count{0};
-  std::atomic<bool> is_closed{false};
+  detail::IndexQueue free;
 };
 
 SlotRing::SlotRing(Options options)
@@ -172,7 +157,7 @@ SlotRing::SlotRing(Options options)
   if (memory_.is_pinned()) {
     for (auto& slot : impl_->slots) slot.event = CudaEvent(options.cuda_device);
   }
-  for (uint32_t i = 0; i < slots_; ++i) impl_->push_free(i);
+  impl_->free.push_many(slots_, [](size_t i) { return static_cast<uint32_t>(i); });
 }
 
 SlotRing::~SlotRing() {
@@ -190,34 +175,13 @@ SlotRing::~SlotRing() {
   }
 }
 
-std::optional<uint32_t> SlotRing::acquire() {
-  if (closed()) return std::nullopt;
-  impl_->free_count.acquire();
-  if (closed()) {
-    impl_->free_count.release();  // pass the wake-up on to the next waiter
-    return std::nullopt;
-  }
-  return impl_->pop_free();
-}
+std::optional<uint32_t> SlotRing::acquire() { return impl_->fill(impl_->free.wait()); }
 
 std::optional<uint32_t> SlotRing::try_acquire_for(std::chrono::milliseconds timeout) {
-  if (closed()) return std::nullopt;
-  if (!impl_->free_count.try_acquire_for(timeout)) return std::nullopt;
-  if (closed()) {
-    impl_->free_count.release();
-    return std::nullopt;
-  }
-  return impl_->pop_free();
+  return impl_->fill(impl_->free.pop_for(timeout));
 }
 
-std::optional<uint32_t> SlotRing::try_acquire() {
-  if (closed() || !impl_->free_count.try_acquire()) return std::nullopt;
-  if (closed()) {  // the permit may be one of close()'s wake-ups: pass it on
-    impl_->free_count.release();
-    return std::nullopt;
-  }
-  return impl_->pop_free();
-}
+std::optional<uint32_t> SlotRing::try_acquire() { return impl_->fill(impl_->free.try_pop()); }
 
 void SlotRing::mark_ready(uint32_t slot) {
   impl_->transition(slot, SlotState::kFilling, SlotState::kReady);
@@ -229,7 +193,7 @@ void SlotRing::release(uint32_t slot) {
   if (!impl_->slots[slot].state.compare_exchange_strong(expected, SlotState::kFree)) {
     impl_->transition(slot, SlotState::kFilling, SlotState::kFree);
   }
-  impl_->push_free(slot);
+  impl_->free.push(slot);
 }
 
 CudaEvent* SlotRing::begin_copy(uint32_t slot) {
@@ -240,7 +204,7 @@ CudaEvent* SlotRing::begin_copy(uint32_t slot) {
 
 void SlotRing::copy_finished(uint32_t slot) {
   impl_->transition(slot, SlotState::kCopying, SlotState::kFree);
-  impl_->push_free(slot);
+  impl_->free.push(slot);
 }
 
 SlotState SlotRing::state(uint32_t slot) const {
@@ -253,12 +217,8 @@ std::vector<size_t> SlotRing::count_states() const {
   return counts;
 }
 
-bool SlotRing::closed() const { return impl_->closed(); }
+bool SlotRing::closed() const { return impl_->free.closed(); }
 
-void SlotRing::close() {
-  if (impl_->is_closed.exchange(true)) return;
-  // Wake every possible waiter; each passes the permit on when it sees the ring closed.
-  impl_->free_count.release(static_cast<std::ptrdiff_t>(slots_) + 1);
-}
+void SlotRing::close() { impl_->free.close(); }
 
 }  // namespace conveyor

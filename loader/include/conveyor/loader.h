@@ -262,6 +262,10 @@ struct LoaderStats {
 
 // ---------------------------------------------------------------------------------------------
 
+namespace detail {
+class TorchConventionEngine;  // the drop-in's bridge (loader/src/torch_data_engine.h)
+}  // namespace detail
+
 class DataLoader {
  public:
   class Iterator;
@@ -332,6 +336,9 @@ class DataLoader {
 
  private:
   class Impl;  // loader/src/engine.h: the engine's threads, queues and slots
+  // The drop-in builds its engine from options it resolved once, and hands it resume positions.
+  friend class detail::TorchConventionEngine;
+  explicit DataLoader(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -322,6 +322,8 @@ class TorchDataLoader {
   virtual std::optional<BatchT> next_batch() = 0;
   // Makes the iterators of the current epoch throw; a subclass's load() calls it once it loaded.
   void replaced_by_load() { ++loads_; }
+  // What options().max_jobs reports: on Conveyor's engine, the batch slots it really uses.
+  void report_max_jobs(size_t max_jobs) { options_.max_jobs = max_jobs; }
 
  private:
   FullDataLoaderOptions options_;
@@ -351,16 +353,16 @@ namespace conveyor {
 template <typename Dataset, typename Sampler, std::enable_if_t<!Dataset::is_stateful, int> = 0>
 std::unique_ptr<TorchDataLoader<typename Dataset::BatchType>> make_data_loader(
     Dataset dataset, Sampler sampler, DataLoaderOptions options) {
-  detail::check_options(options);
   using BatchT = typename Dataset::BatchType;
   if constexpr (detail::Collated<Dataset>::value &&
                 std::is_same_v<typename Sampler::BatchRequestType, std::vector<size_t>>) {
     const std::optional<size_t> size = dataset.size();
-    if (size) {
+    if (size) {  // its engine resolves (and checks) the options, once
       return std::make_unique<detail::CollatedDataLoader<Dataset>>(std::move(dataset), *size,
                                                                    std::move(sampler), options);
     }
   }
+  detail::check_options(options);
   if (options.on_error() != ErrorPolicy::kRaise) {
     throw std::invalid_argument(
         "conveyor: on_error(kSkip) needs a per-sample dataset mapped with Stack<>() (the "

@@ -235,6 +235,7 @@ class TorchSamplerAdapter final : public DrawnOrderSampler {
 // --- The engine and the loader.
 
 class TorchConventionEngine;  // loader/src/torch_data_engine.h (not installed)
+struct DropInOptions;         // the options resolved once (the same header)
 
 // The collated path's engine, type-erased. Until the tensors' shapes are known, a probe thread
 // owned by this object reads the first sample of the epoch's first batch not yet reported (the
@@ -260,6 +261,8 @@ class CollatedEngine {
   void join();
   LoaderStats stats() const;
   std::string mode() const;
+  // The batch slots the engine uses (FullDataLoaderOptions::max_jobs).
+  size_t max_jobs() const;
 
  private:
   struct ProbeOutcome {
@@ -293,6 +296,7 @@ class CollatedEngine {
   std::unique_ptr<DrawnOrderSampler> sampler_;  // until the engine is built
   DrawnOrderSampler* drawn_;                    // the sampler, wherever it is
   DataLoaderOptions options_;
+  std::unique_ptr<const DropInOptions> resolved_;  // options_, resolved once
   bool joined_ = false;
   // The current epoch, until the engine is built.
   bool started_ = false;
@@ -322,7 +326,9 @@ class CollatedDataLoader final : public TorchDataLoader<typename D::BatchType> {
         engine_(std::make_shared<TorchExampleSource<D>>(std::move(dataset), size),
                 std::make_unique<TorchSamplerAdapter<S>>(std::move(sampler), options.batch_size(),
                                                          size),
-                options) {}
+                options) {
+    this->report_max_jobs(engine_.max_jobs());
+  }
   void join() override { engine_.join(); }
   LoaderStats stats() const override { return engine_.stats(); }
   std::string mode() const override { return engine_.mode(); }

@@ -1,10 +1,16 @@
-// loader/src/invariant.h (detail): checks of the engine's invariants.
+// conveyor/internal/invariant.h: checks of the machinery's invariants (build-only, like the rest
+// of pinned/internal/: never installed, so no public header may include it). The slot ring's free
+// list, the index queues and the loader's engine use it: a broken invariant has one policy.
 //
 // CONVEYOR_CHECK(cond, what): always on. For bookkeeping that, if wrong, would hand a user a
-// corrupt batch (a slot in two places, a job that does not exist): stopping the process with the
-// broken invariant named is better than training on wrong data. Each costs one branch.
+// corrupt batch (a slot in two places, a job that does not exist, a permit with no index behind
+// it): stopping the process with the broken invariant named is better than training on wrong
+// data, and better than an exception that a caller could catch and carry on after. Each costs one
+// branch.
 // CONVEYOR_DEBUG_CHECK(cond, what): the same, in debug builds only (NDEBUG unset), for checks that
 // cost more than a branch on the hot path.
+// Misuse of a public API (an illegal slot transition asked of SlotRing, a bad option) is not an
+// invariant: it throws std::logic_error or std::invalid_argument at the API, as documented there.
 #pragma once
 
 #include <cstdio>
