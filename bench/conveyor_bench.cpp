@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -35,187 +36,15 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "bench_cli.h"
 #include "bench_runs.h"
-#include "cache_dir.h"
 #include "conveyor/conveyor.h"
 #include "plot.h"
 
 namespace conveyor::bench {
 namespace {
-
-[[noreturn]] void usage(const std::string& error) {
-  if (!error.empty()) std::cerr << "conveyor-bench: " << error << "\n\n";
-  std::cerr <<
-      R"(usage: conveyor-bench [options]
-  --data SOURCE       what Conveyor reads (default: the generated photo-like dataset): an
-                      ImageFolder, or WebDataset tar shards (what conveyor-prepare --format wds
-                      writes) when SOURCE ends in .tar, holds {..} braces and .tar, or starts with
-                      http://, https://, file:// or pipe: (a command whose output is the shard);
-                      several shard patterns comma-separated (outside braces and quotes), e.g.
-                      http://host:8080/train-{000000..000009}.tar or
-                      "pipe:aws s3 cp s3://bucket/train-{000000..000009}.tar -" (pipe: shards,
-                      and shards without an index, are always streamed; a server that ignores
-                      Range needs --streaming)
-  --generate N        generate (once, cached) a photo-like dataset of about N images and use it
-  --dataset KIND      the generated dataset: photos (default: all baseline 4:2:0 YCbCr) or mixed
-                      (ImageNet-like: a few percent each of gray, CMYK, YCCK, progressive, 4:4:4)
-  --batch-size B      images per batch (default 256)
-  --workers W         decoding threads (default: all cores)
-  --epochs E          epochs to time (default 2)
-  --rounds R          run Conveyor and each reference R times, interleaved; report the median
-                      of the per-round ratios (default 3)
-  --crop S            RandomResizedCrop output size (default 224)
-  --device D          cpu or cuda[:index] (default: cuda if a GPU is usable, else cpu)
-  --compare LIST      reference runs, comma-separated: ceiling, torch, torch-fused, naive, all;
-                      they read image files from a folder: the first --reference-data whose
-                      SOURCE is a folder, else --data (which must then be a folder)
-  --reference-data NAME=SOURCE
-                      (repeatable) one more reference run, "conveyor:NAME": Conveyor itself with
-                      the same options on SOURCE (a folder or shards, as for --data), in the same
-                      rounds as the other references
-  --on-error P        raise (default) or skip
-  --streaming         read tar shards in streaming mode (whole shards in order through a shuffle
-                      buffer of 1000) instead of at random through their index
-  --json FILE         also write the figures as JSON
-  --plot FILE         also draw them: FILE.svg (or FILE.png, through rsvg-convert) shows
-                      images/s over time for every run, the per-batch latency distribution, and
-                      where Conveyor's time goes (read, decode, resize, copy, consumer wait)
-  --generate-only     generate the dataset if needed (--generate, --dataset), print its folder on
-                      stdout and exit
-)";
-  std::exit(error.empty() ? 0 : 2);
-}
-
-BenchConfig parse(int argc, char** argv) {
-  BenchConfig c;
-  c.workers = std::max(1u, std::thread::hardware_concurrency());
-  c.device = cuda_available() ? "cuda" : "cpu";
-  size_t generate = 1500;
-  bool mixed = false;
-  bool generate_only = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage("missing value for " + a);
-      return argv[++i];
-    };
-    auto number = [&](const std::string& v) -> size_t {
-      char* end = nullptr;
-      unsigned long long n = std::strtoull(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || n == 0) usage(a + " needs a positive integer");
-      return static_cast<size_t>(n);
-    };
-    if (a == "--help" || a == "-h")
-      usage("");
-    else if (a == "--data")
-      c.data = value();
-    else if (a == "--generate-only")
-      generate_only = true;
-    else if (a == "--reference-data") {
-      const std::string v = value();
-      const size_t eq = v.find('=');
-      if (eq == std::string::npos || eq == 0 || eq + 1 == v.size()) {
-        usage("--reference-data takes NAME=SOURCE, got '" + v + "'");
-      }
-      ReferenceData ref{v.substr(0, eq), v.substr(eq + 1)};
-      for (char ch : ref.name) {
-        if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '_' && ch != '-') {
-          usage("--reference-data NAME '" + ref.name + "': letters, digits, _ and - only");
-        }
-      }
-      for (const auto& other : c.reference_data) {
-        if (other.name == ref.name) usage("--reference-data " + ref.name + " given twice");
-      }
-      c.reference_data.push_back(ref);
-    } else if (a == "--generate")
-      generate = number(value());
-    else if (a == "--dataset") {
-      std::string kind = value();
-      if (kind != "photos" && kind != "mixed") usage("--dataset takes photos or mixed");
-      mixed = kind == "mixed";
-    } else if (a == "--batch-size")
-      c.batch_size = number(value());
-    else if (a == "--workers")
-      c.workers = number(value());
-    else if (a == "--epochs")
-      c.epochs = number(value());
-    else if (a == "--rounds")
-      c.rounds = std::max<size_t>(1, number(value()));
-    else if (a == "--crop")
-      c.crop = static_cast<int>(number(value()));
-    else if (a == "--device")
-      c.device = value();
-    else if (a == "--json")
-      c.json = value();
-    else if (a == "--plot") {
-      c.plot = value();
-      const auto dot = c.plot.rfind('.');
-      const std::string ext = dot == std::string::npos ? "" : c.plot.substr(dot);
-      if (ext != ".svg" && ext != ".png") usage("--plot takes FILE.svg or FILE.png");
-    } else if (a == "--streaming")
-      c.streaming = true;
-    else if (a == "--on-error") {
-      std::string p = value();
-      if (p != "raise" && p != "skip") usage("--on-error takes raise or skip");
-      c.skip = p == "skip";
-    } else if (a == "--compare") {
-      std::stringstream list(value());
-      for (std::string item; std::getline(list, item, ',');) {
-        if (item == "all") {
-          c.compare = {"ceiling", "torch", "torch-fused", "naive"};
-        } else if (item == "ceiling" || item == "torch" || item == "torch-fused" ||
-                   item == "naive") {
-          c.compare.push_back(item);
-        } else {
-          usage("unknown --compare run '" + item + "'");
-        }
-      }
-    } else {
-      usage("unknown option " + a);
-    }
-  }
-  if (generate_only && !c.data.empty()) usage("--generate-only generates; drop --data");
-  if (c.data.empty()) {
-    GeneratorOptions g;
-    g.classes = 10;
-    g.images_per_class = std::max<size_t>(1, (generate + 9) / 10);
-    g.mixed = mixed;
-    c.data =
-        mixed ? mixed_dataset_dir(g.images_per_class) : default_dataset_dir(g.images_per_class);
-    std::cerr << "conveyor-bench: dataset " << c.data << "\n";
-    auto t0 = std::chrono::steady_clock::now();
-    GeneratedDataset d = generate_image_folder(c.data, g);
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::cerr << "conveyor-bench: " << (d.reused ? "reusing" : "generated") << " " << d.images
-              << (mixed ? " mixed" : "") << " photo-like JPEGs, "
-              << d.bytes / std::max<size_t>(1, d.images) / 1000 << " kB average"
-              << (d.reused ? "" : " in " + std::to_string(s) + " s") << "\n";
-    if (generate_only) {
-      std::cout << c.data << "\n";
-      std::exit(0);
-    }
-  }
-  // The references (ceiling, torch, ...) read the first folder among --reference-data, so that
-  // one run can compare Conveyor on prepared files with the ceiling on the originals; without
-  // one, they read --data when it is a folder.
-  for (const auto& ref : c.reference_data) {
-    if (source_kind(ref.data) == SourceKind::kImageFolder) {
-      c.reference_folder = ref.data;
-      break;
-    }
-  }
-  if (c.reference_folder.empty() && source_kind(c.data) == SourceKind::kImageFolder) {
-    c.reference_folder = c.data;
-  }
-  if (c.reference_folder.empty() && !c.compare.empty()) {
-    usage("--compare " + c.compare.front() +
-          " reads image files from a folder, but --data is tar shards (" +
-          source_kind_name(source_kind(c.data)) +
-          "): add --reference-data NAME=DIR with an ImageFolder of the same images (e.g. the "
-          "folder conveyor-prepare made the shards from), or drop --compare");
-  }
-  return c;
-}
 
 // Reads every image (every local shard) once so that every run, Conveyor's (timed first) and the
 // references', finds the files in the page cache: otherwise the first run after a build pays the
@@ -305,72 +134,78 @@ void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const
   }
 }
 
-void write_json(const BenchConfig& c, const std::vector<RunResult>& runs, const RunResult& main) {
-  std::ofstream out(c.json);
-  if (!out) throw std::runtime_error("cannot write " + c.json);
-  out << "{\n";
-  auto field = [&](const std::string& k, const std::string& v, bool last = false) {
-    out << "  \"" << k << "\": " << v << (last ? "\n" : ",\n");
-  };
-  auto str = [](const std::string& s) {
-    std::string o = "\"";
-    for (char ch : s) {
-      if (ch == '"' || ch == '\\') o += '\\';
-      o += ch;
-    }
-    return o + "\"";
-  };
-  auto list = [](const std::vector<double>& v) {
-    std::string o = "[";
-    for (size_t i = 0; i < v.size(); ++i) o += (i ? ", " : "") + std::to_string(v[i]);
-    return o + "]";
-  };
-  field("data", str(c.data));
-  field("source", str(source_kind_name(source_kind(c.data))));
-  field("streaming", c.streaming ? "true" : "false");
-  field("device", str(main.device));
-  field("mode", str(main.mode));
-  field("batch_size", std::to_string(c.batch_size));
-  field("workers", std::to_string(c.workers));
-  field("epochs", std::to_string(c.epochs));
-  field("rounds", std::to_string(c.rounds));
-  field("crop", std::to_string(c.crop));
-  field("images", std::to_string(main.images));
-  field("seconds", std::to_string(main.seconds));
-  field("images_per_s", std::to_string(main.images_per_s));
-  field("images_per_s_rounds", list(main.round_images_per_s));
-  field("errors", std::to_string(main.errors));
-  field("skipped", std::to_string(main.skipped));
-  field("pinned_bytes", std::to_string(main.pinned_bytes));
-  field("p50_batch_ms", std::to_string(main.p50_ms));
-  field("p99_batch_ms", std::to_string(main.p99_ms));
-  field("consumer_wait_fraction", std::to_string(main.wait_fraction));
-  for (const auto& [k, v] : main.extra) field(k, std::to_string(v));
+// The figures as JSON: flat keys for the table's figures (Conveyor's, then each reference's
+// under its name), and "runs", every run's details, which --plot draws (bench/plot.py).
+nlohmann::ordered_json figures(const BenchConfig& c, const std::vector<RunResult>& runs,
+                               const RunResult& main, const std::vector<std::string>& caption) {
+  nlohmann::ordered_json j;
+  j["data"] = c.data;
+  j["source"] = source_kind_name(source_kind(c.data));
+  j["streaming"] = c.streaming;
+  j["device"] = main.device;
+  j["mode"] = main.mode;
+  j["batch_size"] = c.batch_size;
+  j["workers"] = c.workers;
+  j["epochs"] = c.epochs;
+  j["rounds"] = c.rounds;
+  j["crop"] = c.crop;
+  j["images"] = main.images;
+  j["seconds"] = main.seconds;
+  j["images_per_s"] = main.images_per_s;
+  j["images_per_s_rounds"] = main.round_images_per_s;
+  j["errors"] = main.errors;
+  j["skipped"] = main.skipped;
+  j["pinned_bytes"] = main.pinned_bytes;
+  j["p50_batch_ms"] = main.p50_ms;
+  j["p99_batch_ms"] = main.p99_ms;
+  j["consumer_wait_fraction"] = main.wait_fraction;
+  for (const auto& [k, v] : main.extra) j[k] = v;
   for (const auto& [m, share] : main.scale_shares) {
-    field("scale_" + std::to_string(m) + "_share", std::to_string(share));
+    j["scale_" + std::to_string(m) + "_share"] = share;
   }
-  for (const auto& [stage, seconds] : main.time_split) {
-    field("time_" + stage + "_seconds", std::to_string(seconds));
-  }
+  for (const auto& [stage, seconds] : main.time_split) j["time_" + stage + "_seconds"] = seconds;
+  nlohmann::ordered_json details = nlohmann::ordered_json::array();
   for (const auto& r : runs) {
+    const double ratio = r.name == "conveyor" ? 1.0 : median(r.ratios);
+    details.push_back({{"name", r.name},
+                       {"data", r.data},
+                       {"images", r.images},
+                       {"seconds", r.seconds},
+                       {"images_per_s", r.images_per_s},
+                       {"ratio", ratio},
+                       {"p50_batch_ms", r.p50_ms},
+                       {"p99_batch_ms", r.p99_ms},
+                       {"workers", r.workers},
+                       {"timeline", r.timeline},
+                       {"batch_ms", r.batch_ms},
+                       {"time_split", r.time_split}});
     if (r.name == "conveyor") continue;
     std::string key = r.name;
     std::replace(key.begin(), key.end(), '-', '_');
     std::replace(key.begin(), key.end(), ':', '_');
-    field(key + "_data", str(r.data));
-    field(key + "_source", str(source_kind_name(source_kind(r.data))));
-    field(key + "_images", std::to_string(r.images));
-    field(key + "_images_per_s", std::to_string(r.images_per_s));
-    field(key + "_images_per_s_rounds", list(r.round_images_per_s));
-    field(key + "_ratio", std::to_string(median(r.ratios)));
+    j[key + "_data"] = r.data;
+    j[key + "_source"] = source_kind_name(source_kind(r.data));
+    j[key + "_images"] = r.images;
+    j[key + "_images_per_s"] = r.images_per_s;
+    j[key + "_images_per_s_rounds"] = r.round_images_per_s;
+    j[key + "_ratio"] = ratio;
     const auto [lo, hi] = std::minmax_element(r.ratios.begin(), r.ratios.end());
-    field(key + "_ratio_min", std::to_string(*lo));
-    field(key + "_ratio_max", std::to_string(*hi));
-    field(key + "_errors", std::to_string(r.errors));
-    field(key + "_skipped", std::to_string(r.skipped));
+    j[key + "_ratio_min"] = *lo;
+    j[key + "_ratio_max"] = *hi;
+    j[key + "_errors"] = r.errors;
+    j[key + "_skipped"] = r.skipped;
   }
-  field("cuda_available", cuda_available() ? "true" : "false", true);
-  out << "}\n";
+  j["cuda_available"] = cuda_available();
+  j["caption"] = caption;
+  j["runs"] = std::move(details);
+  return j;
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  if (!out) throw std::runtime_error("cannot write " + path);
 }
 
 // The plot's caption: the command, the configuration, the machine and the date (UTC).
@@ -399,7 +234,7 @@ std::vector<std::string> plot_caption(int argc, char** argv, const BenchConfig& 
 int main(int argc, char** argv) {
   using namespace conveyor::bench;
   try {
-    BenchConfig config = parse(argc, argv);
+    BenchConfig config = parse_command_line(argc, argv);
     config.progress = ::isatty(STDERR_FILENO) != 0;
     std::vector<std::pair<std::string, std::string>> sources{{"--data", config.data}};
     for (const auto& ref : config.reference_data) {
@@ -482,9 +317,20 @@ int main(int argc, char** argv) {
       runs.push_back(r);
     }
     print_table(config, runs, main_run);
-    if (!config.json.empty()) write_json(config, runs, main_run);
+    const std::string json =
+        figures(config, runs, main_run, plot_caption(argc, argv, config, main_run)).dump(2) + "\n";
+    if (!config.json.empty()) write_text(config.json, json);
     if (!config.plot.empty()) {
-      write_plot(config.plot, runs, plot_caption(argc, argv, config, main_run));
+      // The plot is drawn from the JSON: --json's file, or one beside the plot, removed after.
+      const std::string from = config.json.empty() ? config.plot + ".json" : config.json;
+      if (config.json.empty()) write_text(from, json);
+      try {
+        write_plot(config.plot, from);
+      } catch (...) {
+        if (config.json.empty()) std::filesystem::remove(from);
+        throw;
+      }
+      if (config.json.empty()) std::filesystem::remove(from);
       std::cerr << "conveyor-bench: wrote " << config.plot << "\n";
     }
     return 0;

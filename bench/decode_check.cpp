@@ -59,11 +59,11 @@
 #include <libyuv.h>
 #include <turbojpeg.h>
 
+#include "codec/jpeg_segments.h"
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
 #include "jpeg_markers.h"
-#include "jpeg_segments.h"
 
 namespace conveyor::check {
 namespace {

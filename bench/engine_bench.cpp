@@ -26,6 +26,7 @@
 #include <torch/serialize.h>
 
 #include "conveyor/conveyor.h"
+#include "synthetic.h"
 
 namespace conveyor {
 namespace {

@@ -24,8 +24,9 @@
 #include <vector>
 
 #include "cache_dir.h"
+#include "codec/jpeg_segments.h"
 #include "conveyor/conveyor.h"
-#include "jpeg_segments.h"
+#include "synthetic.h"
 
 namespace conveyor {
 namespace {

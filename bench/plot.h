@@ -1,31 +1,23 @@
-// conveyor-bench --plot: the run's figures as one picture, for people who would rather look than
-// read a table. Three panels:
-//   - images/s over time, one line per run (Conveyor and each reference, the median round of
-//     each), so a slow start, a stall or a drifting machine shows;
-//   - the per-batch latency distribution (time between consecutive batches the consumer got), as
-//     a cumulative distribution per run that delivers batches;
-//   - the time split of each Conveyor run per image: worker time reading, decoding, transforming
-//     (resize, flip, layout) and in the engine's other fill work; consumer time issuing copies,
-//     waiting for a batch, and in the loop's own work.
-// A plain SVG writer (no dependency); FILE.png is that SVG rendered by rsvg-convert (librsvg,
-// Debian's librsvg2-bin, which scripts/setup installs).
+// conveyor-bench --plot: the run's figures as one picture (images/s over time per run, the
+// per-batch latency distribution, where Conveyor's time goes per image), drawn by matplotlib from
+// the bench's JSON (bench/plot.py, which draws only: every figure is the JSON's).
+//
+// Where things are: the script is conveyor-bench-plot.py beside the conveyor-bench binary (the
+// build copies bench/plot.py there, and install puts it beside the installed one). The Python is
+// $CONVEYOR_PYTHON, else the one the build was configured with (scripts/configure: the project's
+// venv, where scripts/setup installs matplotlib), else python3 on the PATH.
 #pragma once
 
 #include <string>
-#include <vector>
-
-#include "bench_runs.h"
 
 namespace conveyor::bench {
 
-// The SVG text of the picture for `runs` (the first is Conveyor's), titled with `caption` lines
-// (the command, the machine, the date).
-std::string plot_svg(const std::vector<RunResult>& runs, const std::vector<std::string>& caption);
+// True when `path` ends in .svg or .png, the kinds matplotlib writes here.
+bool is_plot_name(const std::string& path);
 
-// Writes plot_svg() to `path`: an .svg file as it is, a .png through rsvg-convert. Throws
-// std::runtime_error naming the path when it cannot be written, when the name ends in neither, or
-// when a .png is asked for and rsvg-convert is missing or fails.
-void write_plot(const std::string& path, const std::vector<RunResult>& runs,
-                const std::vector<std::string>& caption);
+// Draws the JSON at `json_path` (what conveyor-bench --json writes) into `path` (.svg or .png).
+// Throws std::runtime_error naming the path, the script and the interpreter when the script is
+// missing, cannot be run, or fails (its stderr goes to the bench's).
+void write_plot(const std::string& path, const std::string& json_path);
 
 }  // namespace conveyor::bench

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "conveyor/conveyor.h"
+#include "synthetic.h"
 
 namespace {
 

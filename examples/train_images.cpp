@@ -21,6 +21,7 @@
 #include <string>
 
 #include "conveyor/conveyor.h"
+#include "synthetic.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Crop-proportional decoding through restart markers (issue 12; datasets/src/jpeg_segments.h):
+// Crop-proportional decoding through restart markers (issue 12; datasets/codec/jpeg_segments.h):
 // which files qualify, that a region decoded from its covering segments has exactly the pixels of
 // the usual decode for every kind of file, and that the small JPEG holds only the covering
 // intervals. conveyor-decode-check compares the same path with full decodes on 20,000 random
@@ -8,9 +8,9 @@
 #include <cstring>
 #include <vector>
 
+#include "codec/jpeg_segments.h"
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
-#include "jpeg_segments.h"
 
 namespace conveyor {
 namespace {

@@ -302,11 +302,11 @@ TEST(ShardsTest, CorruptMemberFailsItsSampleNamingShardAndMember) {
   const auto shards = p.shard_paths();
   auto probe = ImageSource::tar_shards(shards, small_train());
   // Overwrite sample 4's JPEG data in place (the shard keeps its size): its decode fails.
-  const std::string index = slurp(p.prefix.string() + ".index.json");
-  const size_t entry = index.find("\"key\": \"00000004\"");
-  ASSERT_NE(entry, std::string::npos);
-  const size_t at = index.find("\"offset\": ", entry) + 10;
-  const uint64_t offset = std::stoull(index.substr(at));
+  uint64_t offset = 0;
+  for (const IndexedMember& m : indexed_members(p.prefix.string() + ".index.json")) {
+    if (m.key == "00000004") offset = m.offset;
+  }
+  ASSERT_NE(offset, 0u);
   const std::string shard = probe->describe(4).substr(0, probe->describe(4).find(" (member"));
   {
     std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);

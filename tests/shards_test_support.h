@@ -24,6 +24,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <torch/serialize.h>
 
@@ -176,15 +177,14 @@ struct IndexedMember {
   uint64_t size = 0;
 };
 
-// The members listed in PREFIX.index.json, in its order.
+// The members listed in PREFIX.index.json, in its order (read with nlohmann/json, not with the
+// library's own reader, shards/index.h).
 inline std::vector<IndexedMember> indexed_members(const fs::path& index) {
-  const std::string text = slurp(index);
-  static const std::regex entry(
-      R"re(\{"shard": "([^"]+)", "key": "([^"]+)", "offset": ([0-9]+), "size": ([0-9]+))re");
+  const nlohmann::json doc = nlohmann::json::parse(slurp(index));
   std::vector<IndexedMember> out;
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), entry);
-       it != std::sregex_iterator(); ++it) {
-    out.push_back({(*it)[1], (*it)[2], std::stoull((*it)[3]), std::stoull((*it)[4])});
+  for (const auto& s : doc.at("samples")) {
+    out.push_back({s.at("shard").get<std::string>(), s.at("key").get<std::string>(),
+                   s.at("offset").get<uint64_t>(), s.at("size").get<uint64_t>()});
   }
   return out;
 }

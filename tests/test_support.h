@@ -26,6 +26,7 @@
 #include <ATen/ATen.h>
 
 #include "conveyor/conveyor.h"
+#include "synthetic.h"
 
 namespace conveyor::testing {
 

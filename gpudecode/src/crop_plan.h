@@ -2,10 +2,11 @@
 // functions that compile for the host and the device, so that a CPU test runs exactly the math the
 // kernel runs (gpudecode_test, CropPlan.*) against the CPU path (ImageWriter).
 //
-// The CPU path (datasets/src/images.cpp) decodes a crop box at the smallest DCT scale M/8 that
-// keeps it at least `size` pixels on each side, then resizes the decoded region to size x size with
-// libyuv's ARGBScale(kFilterBilinear) and mirrors it when the sample is flipped. nvJPEG's hardware
-// backend decodes the box's region at full scale, so the kernel follows the same steps on it:
+// The CPU path (datasets/codec/image_writer.cpp) decodes a crop box at the smallest DCT scale M/8
+// that keeps it at least `size` pixels on each side, then resizes the decoded region to size x size
+// with libyuv's ARGBScale(kFilterBilinear) and mirrors it when the sample is flipped. nvJPEG's
+// hardware backend decodes the box's region at full scale, so the kernel follows the same steps on
+// it:
 //   1. the region the CPU decodes at scale M/8 (rounded outwards to whole scaled pixels) is decoded
 //      at 8/8 instead (plan_crop: the ROI); each scaled pixel is the mean of the f x f full-scale
 //      pixels it stands for (f = 8/M), which is what the scaled IDCT approximates;

@@ -28,6 +28,7 @@
 #include "conveyor/datasets.h"
 #include "conveyor/gpu_decode.h"
 #include "conveyor/jpeg.h"
+#include "synthetic.h"  // make_photo_jpeg
 
 namespace conveyor {
 namespace {

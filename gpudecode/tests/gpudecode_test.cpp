@@ -23,6 +23,7 @@
 #include "conveyor/jpeg.h"
 #include "crop_plan.h"
 #include "nvjpeg_api.h"
+#include "synthetic.h"  // make_photo_jpeg
 
 namespace conveyor {
 namespace {

@@ -18,6 +18,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "conveyor/conveyor.h"
+#include "synthetic.h"  // generate_image_folder, make_photo_jpeg, PatternSource
 
 namespace conveyor::python {
 

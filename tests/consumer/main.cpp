@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -27,6 +28,20 @@ class Numbers : public torch::data::datasets::Dataset<Numbers> {
   std::optional<size_t> size() const override { return kSamples; }
 };
 
+// A user's own SampleSource: sample i is 16 bytes of i and the label i.
+class Indices : public conveyor::SampleSource {
+ public:
+  size_t size() const override { return kSamples; }
+  std::vector<conveyor::FieldSpec> fields() const override {
+    return {{"data", c10::ScalarType::Byte, {16}}, {"label", c10::ScalarType::Long, {}}};
+  }
+  void write_sample(const conveyor::SampleContext& ctx, std::byte* const* fields) override {
+    std::memset(fields[0], static_cast<int>(ctx.index), 16);
+    const auto label = static_cast<int64_t>(ctx.index);
+    std::memcpy(fields[1], &label, sizeof label);
+  }
+};
+
 // True if every index in [0, kSamples) came exactly once.
 bool each_once(const std::vector<size_t>& seen, const char* what) {
   std::vector<int> count(kSamples, 0);
@@ -47,7 +62,7 @@ bool engine() {
   conveyor::LoaderOptions options;
   options.batch_size = 4;
   options.workers = 2;
-  conveyor::DataLoader loader(std::make_shared<conveyor::PatternSource>(kSamples, 16), options);
+  conveyor::DataLoader loader(std::make_shared<Indices>(), options);
   std::vector<size_t> seen;
   for (conveyor::Batch& batch : loader) {
     seen.insert(seen.end(), batch.indices.begin(), batch.indices.end());

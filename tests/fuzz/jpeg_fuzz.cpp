@@ -28,10 +28,10 @@
 #include <utility>
 #include <vector>
 
+#include "codec/jpeg_segments.h"
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
-#include "jpeg_segments.h"
 
 namespace {
 

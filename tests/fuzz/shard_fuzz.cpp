@@ -1,14 +1,18 @@
 // conveyor-shard-fuzz: libFuzzer over what tar_shards parses from disk or a server (issue 13).
 //
-// The first byte of an input chooses what the rest is:
-//   even: an index (PREFIX.index.json) for a fixed, valid shard of two samples. When
-//         ImageSource::tar_shards accepts it (random-access mode), every sample is written once,
-//         so that the offsets and sizes the index claims are exercised by the reads.
-//   odd:  a tar shard without an index: the header-counting pass and the streaming reader
-//         (libarchive, the key/extension rule, the .cls labels) run over it, and every position
-//         of the stream is written once.
+// The first byte of an input, modulo 3, chooses what the rest is:
+//   0: an index (PREFIX.index.json) for a fixed, valid shard of two samples. When
+//      ImageSource::tar_shards accepts it (random-access mode), every sample is written once,
+//      so that the offsets and sizes the index claims are exercised by the reads.
+//   1: a tar shard without an index: the header-counting pass and the streaming reader
+//      (libarchive, the key/extension rule, the .cls labels) run over it, and every position
+//      of the stream is written once.
+//   2: a command-line argument naming shards: the shard-name parser (split_shard_patterns,
+//      expand_shard_locations, names_tar_shards) and the index-name derivation (file_name_of,
+//      index_location_for), whose result must parse again as a location of the same kind.
 // std::exception from construction or from a sample is an expected outcome (a clear error); a
-// crash, a sanitizer report, a leak, a hang or an out-of-memory is a finding.
+// crash, a sanitizer report, a broken invariant (abort), a leak, a hang or an out-of-memory is a
+// finding.
 //
 // `conveyor-shard-fuzz --write-seeds DIR` writes the seed corpus and exits.
 #include <unistd.h>
@@ -20,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -27,6 +32,7 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
+#include "shards/names.h"
 
 namespace {
 
@@ -140,12 +146,54 @@ conveyor::ImageTransform small() {
   return t;
 }
 
+void check(bool condition, const char* what, const std::string& input) {
+  if (condition) return;
+  std::fprintf(stderr, "shard names: %s for input '%s'\n", what, input.c_str());
+  std::abort();
+}
+
+// Mode 2: the shard names of one command-line argument.
+void parse_names(const std::string& text) {
+  (void)conveyor::names_tar_shards(text);
+  std::vector<std::string> patterns;
+  try {
+    patterns = conveyor::split_shard_patterns(text);
+  } catch (const std::exception&) {
+    return;
+  }
+  for (const std::string& p : patterns) check(!p.empty(), "an empty pattern", text);
+  std::vector<conveyor::ShardLocation> shards;
+  try {
+    shards = conveyor::expand_shard_locations(patterns);
+  } catch (const std::invalid_argument&) {
+    return;
+  }
+  for (const conveyor::ShardLocation& shard : shards) {
+    (void)conveyor::detail::file_name_of(shard);
+    if (!conveyor::detail::has_index_name(shard)) continue;
+    const std::string index = conveyor::detail::index_location_for(shard);
+    conveyor::ShardLocation parsed;
+    try {
+      parsed = conveyor::parse_shard_location(index);
+    } catch (const std::exception&) {
+      check(false, "an index location that does not parse", text);
+    }
+    check(parsed.kind == shard.kind, "an index location of another kind", text);
+    check(index.size() >= 11 && index.find(".index.json") != std::string::npos,
+          "an index location without .index.json", text);
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
+  if (data[0] % 3 == 2) {
+    parse_names(std::string(reinterpret_cast<const char*>(data + 1), size - 1));
+    return 0;
+  }
   const fs::path& dir = scratch();
-  const bool streamed = (data[0] & 1) != 0;
+  const bool streamed = data[0] % 3 == 1;
   fs::remove(dir / "f.index.json");
   try {
     conveyor::ShardOptions options;
@@ -179,6 +227,18 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
       std::vector<uint8_t> tar(1, 1);
       tar.insert(tar.end(), f.tar.begin(), f.tar.end());
       write(out / "tar", tar.data(), tar.size());
+      const char* names[] = {
+          "/data/train-{000000..000012}.tar,{a,b}-{0..3}.tar",
+          "http://host:8080/shards/train-{000..009}.tar?X-Amz-Signature=abc#frag",
+          "\"pipe:curl -s -H 'a, b' https://h/t-{000000..000002}.tar\",file:///d/x%20y-000001.tar",
+          "pipe:aws s3 cp s3://bucket/train-{000000..000146}.tar - | cat;",
+          "s3://bucket/x.tar,gs://b/y-1.tar,ftp://z,file://relative"};
+      for (size_t i = 0; i < std::size(names); ++i) {
+        std::string seed(1, '\x02');
+        seed += names[i];
+        write(out / ("names" + std::to_string(i)), reinterpret_cast<const uint8_t*>(seed.data()),
+              seed.size());
+      }
       std::exit(0);
     }
   }

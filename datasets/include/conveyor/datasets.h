@@ -2,10 +2,11 @@
 //
 // What it is for: a SampleSource writes one sample's fields straight into the bytes the loader
 // hands it (a row of a pinned batch slot), so nothing is allocated or copied per sample between
-// the file and the batch. The image sources (ImageFolder, FileList, in-memory JPEG bytes) decode
-// with libjpeg-turbo through JpegDecoder, decoding only the crop they need at the smallest DCT
-// scale that still covers the output (as RGBX), then resize (bilinear), flip and split into the
-// row with libyuv.
+// the file and the batch. The image sources (ImageFolder, FileList, in-memory JPEG bytes, tar
+// shards read at random or streamed) read their bytes through a Storage (conveyor/storage.h) and
+// decode with libjpeg-turbo through JpegDecoder, decoding only the crop they need at the smallest
+// DCT scale that still covers the output (as RGBX), then resize (bilinear), flip and split into
+// the row with libyuv.
 //
 // Requires: write_sample() may be called concurrently from `workers` threads, each passing its
 // own worker number (0 .. workers-1) as given to prepare(); a source keeps per-worker state
@@ -29,6 +30,7 @@
 
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
+#include "conveyor/storage.h"
 
 namespace conveyor {
 
@@ -140,33 +142,23 @@ struct ImageItem {
   int64_t label = 0;
 };
 
+// Where ImageSource::image_folder and file_list read their files.
+struct FolderOptions {
+  // The folders' listings and the files' bytes. Null (the default): system_storage().
+  std::shared_ptr<const Storage> storage;
+};
+
 // How ImageSource::tar_shards finds the index and reaches remote shards. The defaults suit
 // object storage (S3 or GCS, pre-signed URLs included) and a server on the same rack alike.
-struct ShardOptions {
+// RemoteOptions (conveyor/storage.h) holds the retries, backoff and deadlines of HTTP(S)
+// requests and pipe: commands, and the requests each worker keeps in flight (random access).
+struct ShardOptions : RemoteOptions {
   // Where the index is, for shards whose PREFIX.index.json cannot be found beside them (a
   // pre-signed URL, whose query string differs per object): a path or URL. Every shard given
   // must be listed in it. Empty (the default): PREFIX.index.json beside each shard.
   std::string index;
-  // HTTP(S) only. A request that times out, is refused or reset, or gets 5xx, 408 or 429 is
-  // tried again up to `retries` more times, after backoff_initial * 2^k (at most backoff_max)
-  // before retry k. Other failures (404, a server that ignores Range) are not retried.
-  int retries = 4;
-  std::chrono::milliseconds backoff_initial{100};
-  std::chrono::milliseconds backoff_max{2000};
-  // HTTP(S) only: the deadline of one request, from connecting to its last byte, and of
-  // connecting alone. A read thus ends, at the latest, after (retries + 1) request deadlines plus
-  // the backoff. Streaming reads each shard with one GET, however long it takes: there
-  // request_timeout is the longest wait for its next bytes, and the same holds for a pipe:
-  // command's output. A streamed shard whose connection drops, or whose command fails, is read
-  // again from where it stopped (a Range request, where the server honours it) or from its
-  // beginning, skipping the bytes already read; `retries` counts the attempts in a row that
-  // brought no new byte.
-  std::chrono::milliseconds request_timeout{30000};
-  std::chrono::milliseconds connect_timeout{5000};
-  // HTTP(S), random-access mode: Range requests each worker keeps in flight for the samples it
-  // is about to decode (each on its own connection), so that the network hides behind decoding.
-  // 1: one request at a time.
-  size_t requests_in_flight = 4;
+  // The shards', and their index's, bytes. Null (the default): system_storage().
+  std::shared_ptr<const Storage> storage;
 
   // Streaming mode: each shard is read whole, in order, instead of one ranged read per sample.
   // Chosen when `streaming` is true, when a shard has no index, or for pipe: shards. The order is a
@@ -202,11 +194,13 @@ class ImageSource : public SampleSource {
   // sub-folder names, labelled 0..K-1; images within a class are sorted by name. Throws if root is
   // not a folder or holds no images.
   static std::unique_ptr<ImageSource> image_folder(const std::filesystem::path& root,
-                                                   ImageTransform transform);
+                                                   ImageTransform transform,
+                                                   const FolderOptions& options = FolderOptions());
   // A text file of `path<TAB>label` lines; relative paths are relative to the list's folder.
   // Throws naming the line on a malformed line.
   static std::unique_ptr<ImageSource> file_list(const std::filesystem::path& list,
-                                                ImageTransform transform);
+                                                ImageTransform transform,
+                                                const FolderOptions& options = FolderOptions());
   // Encoded JPEG bytes held in memory (measures decode without the file system).
   static std::unique_ptr<ImageSource> in_memory(std::vector<std::vector<uint8_t>> jpegs,
                                                 std::vector<int64_t> labels,
@@ -260,6 +254,10 @@ class ImageSource : public SampleSource {
                                                  ImageTransform transform,
                                                  const ShardOptions& options = ShardOptions());
 
+  // One implementation per kind of source, behind ImageSource (build-only:
+  // datasets/sources/image_kind.h): files, memory, shards at random, a shard stream.
+  class Kind;
+
   ~ImageSource() override;
   size_t size() const override;
   std::vector<FieldSpec> fields() const override;
@@ -270,8 +268,8 @@ class ImageSource : public SampleSource {
   // samples' Range requests at once, on the worker's own connections.
   void will_write(size_t worker, const size_t* indices, size_t count) override;
 
-  const std::vector<ImageItem>& items() const { return items_; }
-  const std::vector<std::string>& classes() const { return classes_; }
+  const std::vector<ImageItem>& items() const;
+  const std::vector<std::string>& classes() const;
   const ImageTransform& transform() const { return transform_; }
   // Samples decoded at each DCT scale numerator 1..8 (index 0 unused), summed over workers.
   std::vector<uint64_t> scale_histogram() const;
@@ -287,16 +285,9 @@ class ImageSource : public SampleSource {
   WorkTime work_time() const;
 
  private:
-  ImageSource(std::vector<ImageItem> items, std::vector<std::string> classes,
-              std::vector<std::vector<uint8_t>> memory, ImageTransform transform);
-  struct Worker;
-  struct Shards;  // datasets/src/shards.h: open shard files and each sample's member
-  std::shared_ptr<const Shards> shards_;  // null unless tar_shards in random-access mode
-  struct Stream;                    // datasets/src/shard_stream.h: the reader of streaming mode
-  std::shared_ptr<Stream> stream_;  // null unless tar_shards in streaming mode
-  std::vector<ImageItem> items_;
-  std::vector<std::string> classes_;
-  std::vector<std::vector<uint8_t>> memory_;  // empty unless in_memory
+  ImageSource(std::unique_ptr<Kind> kind, ImageTransform transform);
+  struct Worker;  // a worker's decoder and counters
+  std::unique_ptr<Kind> kind_;
   ImageTransform transform_;
   std::vector<std::unique_ptr<Worker>> workers_;
 };
@@ -305,22 +296,14 @@ class ImageSource : public SampleSource {
 // ranges, zero-padded to the wider bound when either bound has a leading zero; descending when
 // the first bound is larger) and "{train,val}.tar" is train.tar, val.tar; several and nested
 // braces expand left to right. Text without braces is returned as it is. Throws
-// std::invalid_argument naming the pattern on an unmatched brace.
+// std::invalid_argument naming the pattern on an unmatched brace, or when it names more than a
+// million shards.
 std::vector<std::string> expand_shard_braces(const std::string& pattern);
 
-// Where one shard is read from. The same forms name shards everywhere: ImageSource::tar_shards,
+// Where one shard is read from (StorageLocation, conveyor/storage.h): a path or file:// URL, an
+// http(s):// URL, or pipe:COMMAND. The same forms name shards everywhere: ImageSource::tar_shards,
 // conveyor-prepare's SRC and conveyor-bench's --data, all through the functions below.
-struct ShardLocation {
-  enum class Kind {
-    kLocal,  // a path, or file:///PATH (percent escapes decoded)
-    kHttp,   // an http:// or https:// URL
-    kPipe,   // pipe:COMMAND: the shard is what COMMAND, run by /bin/sh -c, writes to stdout
-  };
-  Kind kind = Kind::kLocal;
-  std::string location;  // the path, the URL, or the command (without "pipe:")
-  // How messages name the shard: "pipe:COMMAND" for a command, else `location`.
-  std::string name() const;
-};
+using ShardLocation = StorageLocation;
 
 // Parses one shard name (after brace expansion). Throws std::invalid_argument naming it for an
 // unsupported URL scheme (s3:// and gs:// are answered with the pipe: command that reads them),
@@ -338,54 +321,5 @@ std::vector<std::string> split_shard_patterns(const std::string& text);
 // True when `text` (a command-line argument) names tar shards rather than a folder or a file
 // list: it starts with pipe:, http://, https:// or file://, ends in .tar, or holds '{' and .tar.
 bool names_tar_shards(const std::string& text);
-
-// Reads a whole file into `out` (reusing its capacity). Throws naming the path when the file is
-// missing, not a regular file, unreadable or empty.
-void read_file(const std::string& path, std::vector<uint8_t>& out);
-
-// The photo-like synthetic dataset: an ImageFolder tree of JPEGs about 500x375 (some portrait and
-// other sizes) with texture, edges and sensor-like noise, so that they decode at the speed of
-// real photos (ImageNet averages about 110 kB). Deterministic in `seed`.
-struct GeneratorOptions {
-  size_t classes = 10;
-  size_t images_per_class = 100;
-  int quality = 90;
-  uint64_t seed = 1;
-  size_t threads = 0;  // 0: all cores
-  // ImageNet-like mix of JPEG kinds instead of only baseline 4:2:0 YCbCr: of every 25 files
-  // (by index, so any 25 consecutive ones hold each kind) one is gray, one CMYK with the Adobe
-  // marker (inverted), one plain CMYK, one YCCK, two progressive 4:2:0 and one baseline 4:4:4.
-  // The pixels are the same photos; the stamp differs, so use another root than the default's.
-  bool mixed = false;
-};
-struct GeneratedDataset {
-  std::filesystem::path root;
-  size_t images = 0;
-  uint64_t bytes = 0;
-  bool reused = false;  // true when a complete dataset was already there
-};
-// Writes the dataset under `root` unless a complete one (with a matching stamp) is already there.
-GeneratedDataset generate_image_folder(const std::filesystem::path& root,
-                                       const GeneratorOptions& options);
-// One photo-like JPEG, width x height, deterministic in `seed`.
-std::vector<uint8_t> make_photo_jpeg(int width, int height, uint64_t seed, int quality = 90);
-
-// A source of fixed-size fields filled with a deterministic pattern: a memcpy-sized "image" of
-// `sample_bytes` bytes and the index as an int64 "label". With sample_bytes == 0 the only field is
-// the label, for measuring the engine's own overhead.
-class PatternSource : public SampleSource {
- public:
-  explicit PatternSource(size_t size, size_t sample_bytes = 3 * 224 * 224);
-  size_t size() const override { return size_; }
-  std::vector<FieldSpec> fields() const override;
-  void write_sample(const SampleContext& ctx, std::byte* const* fields) override;
-  // The byte sample `index` holds at offset `offset` of its image field.
-  static uint8_t pattern_byte(size_t index, size_t offset);
-
- private:
-  size_t size_;
-  size_t sample_bytes_;
-  std::vector<uint8_t> pattern_;
-};
 
 }  // namespace conveyor

@@ -49,8 +49,8 @@ constexpr unsigned kAllDctScales = 0x1FEu;
 
 // How a JpegDecoder decodes; fixed for its lifetime.
 struct DecodeOptions {
-  // 3: RGB pixels. 4: RGBX pixels (the fourth byte is unspecified), which OpenCV resizes and
-  // splits into planes faster than 3-byte pixels.
+  // 3: RGB pixels. 4: RGBX pixels (the fourth byte is unspecified), which libyuv resizes,
+  // mirrors and splits into planes with its 4-byte-pixel SIMD kernels, faster than 3-byte pixels.
   int channels = 3;
   // Upsample subsampled chroma by replication (libjpeg-turbo's merged upsample + color conversion
   // at 8/8) instead of its triangle filter. Chroma edges move by up to one pixel; cheaper.

@@ -14,8 +14,9 @@
 #include <opencv2/core.hpp>
 #include <opencv2/imgproc.hpp>
 
-#include "conveyor/datasets.h"
+#include "conveyor/jpeg.h"
 #include "conveyor/random.h"
+#include "synthetic.h"
 
 namespace conveyor {
 namespace {

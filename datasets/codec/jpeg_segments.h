@@ -1,4 +1,4 @@
-// datasets/src/jpeg_segments.h (build-only): crop-proportional decoding through restart markers
+// datasets/codec/jpeg_segments.h (build-only): crop-proportional decoding through restart markers
 // (issue 12). Each restart interval of a baseline JPEG begins byte-aligned with its DC predictors
 // reset, so the entropy-coded segments that cover a crop box can be cut out and decoded alone:
 // the file's own tables, a frame header of the covered MCU columns and rows, and the covered

@@ -1,4 +1,4 @@
-// datasets/src/file_descriptor.h (build-only): an owned POSIX file descriptor.
+// datasets/storage/file_descriptor.h (build-only): an owned POSIX file descriptor.
 //
 // Invariant: get() is the descriptor this object owns, or -1; it is closed exactly once, by the
 // destructor or by a move assignment over it.

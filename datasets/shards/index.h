@@ -1,0 +1,69 @@
+// datasets/shards/index.h (build-only): the shard index, PREFIX.index.json: the one definition of
+// its format, which ImageSource::tar_shards reads and conveyor-prepare writes (tools/prepare.cpp).
+//
+//   {"format": "conveyor-wds-index", "version": 1, "classes": ["name", ...],
+//    "shards": [{"file": "PREFIX-000000.tar", "bytes": N, "samples": N}, ...],
+//    "samples": [{"shard": "PREFIX-000000.tar", "key": "00000000", "offset": N, "size": N,
+//                 "label": N}, ...]}
+//
+// "offset" and "size" are those of the sample's .jpg member data in its shard; "bytes" is the
+// shard's size when the index was written. The JSON is read and written by nlohmann/json
+// (Debian's nlohmann-json3-dev); keys the reader does not know are skipped, so a later writer may
+// add some. write_index() is a pure function of the index: the same index, the same bytes.
+// Invariant of a parsed index: every sample's shard is listed, and no number is negative.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "conveyor/datasets.h"
+#include "conveyor/storage.h"
+
+namespace conveyor::detail {
+
+struct IndexedSample {
+  std::string key;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  int64_t label = 0;
+};
+
+struct IndexedShard {
+  std::string file;    // its file name
+  uint64_t bytes = 0;  // as written
+  std::vector<IndexedSample> samples;
+};
+
+struct ShardIndex {
+  std::vector<std::string> classes;
+  std::vector<IndexedShard> shards;       // in the index's order; samples in their shard's order
+  std::map<std::string, size_t> by_file;  // file -> its place in `shards` (parse_index fills it)
+  // The shard named `file`, or null when the index does not list it.
+  const IndexedShard* find(const std::string& file) const;
+};
+
+// Parses the text of an index. Throws std::runtime_error "tar_shards: index WHERE: WHAT" for
+// text that is not JSON, or not an index of version 1 (a missing field, a wrong type, a negative
+// number, samples in a shard it does not list).
+ShardIndex parse_index(const std::string& text, const std::string& where);
+
+// The text of `index`: one line of JSON, the keys in the order shown above.
+std::string write_index(const ShardIndex& index);
+
+// The index at `location` (a path, URL or pipe: command), read through `reader`. False when there
+// is none there (no file, HTTP 404); with `lenient` (the index beside pipe: shards) also when the
+// command fails or writes no index, with `why` set. Throws naming `shard` when it cannot be read,
+// and as parse_index when it is not an index.
+bool load_index(StorageReader& reader, const std::string& location, const std::string& shard,
+                bool lenient, ShardIndex& index, std::string& why);
+
+// The classes that the index of the first of `shards` names (beside it, as tar_shards finds it,
+// or options.index); empty when it has none. For conveyor-prepare, which reads shards in order.
+// Throws as load_index does.
+std::vector<std::string> shard_classes(const std::vector<ShardLocation>& shards,
+                                       const ShardOptions& options);
+
+}  // namespace conveyor::detail

@@ -1,0 +1,288 @@
+// ImageSource::tar_shards: WebDataset tar shards on local disk, over HTTP(S) or from a command.
+// With an index for every shard (shards/index.h) they are read at random, one ranged read per
+// sample (the shard kind, here); otherwise, or when asked, streamed (sources/shard_stream.h).
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "conveyor/datasets.h"
+#include "shards/index.h"
+#include "shards/names.h"
+#include "shards/tar_reader.h"
+#include "sources/image_kind.h"
+#include "sources/shard_stream.h"
+#include "storage/http.h"
+
+namespace conveyor {
+
+namespace {
+
+using Where = ShardLocation::Kind;
+
+// Where one sample's .jpg member lies.
+struct Member {
+  uint32_t shard = 0;  // into ShardKind's files
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// Shards read at random: each sample is one ranged read of its member, through the worker's own
+// StorageReader (its HTTP connections and read-ahead). The files are opened once and shared.
+class ShardKind final : public ImageSource::Kind {
+ public:
+  ShardKind(std::vector<ImageItem> items, std::vector<std::string> classes,
+            std::shared_ptr<const Storage> storage, ShardOptions options,
+            std::vector<std::shared_ptr<const StorageFile>> files, std::vector<Member> members,
+            bool remote)
+      : Kind(std::move(items), std::move(classes)),
+        storage_(std::move(storage)),
+        options_(std::move(options)),
+        files_(std::move(files)),
+        members_(std::move(members)),
+        remote_(remote) {}
+
+  void prepare(size_t workers) override {
+    while (workers_.size() < workers) workers_.push_back({storage_->reader(options_), {}});
+  }
+
+  Encoded read(const SampleContext& ctx, std::vector<uint8_t>& buffer) override {
+    const Member& m = members_.at(ctx.index);
+    read_range(*workers_.at(ctx.worker).reader, *files_[m.shard], m.offset, m.size, buffer);
+    return {buffer.data(), buffer.size(), items_[ctx.index].label};
+  }
+
+  void will_read(size_t worker, const size_t* indices, size_t count) override {
+    if (!remote_) return;  // local reads are not started ahead
+    Worker& w = workers_.at(worker);
+    w.upcoming.clear();
+    for (size_t i = 0; i < count; ++i) {
+      const Member& m = members_.at(indices[i]);
+      w.upcoming.push_back({files_[m.shard].get(), m.offset, m.size});
+    }
+    w.reader->will_read(w.upcoming.data(), w.upcoming.size());
+  }
+
+ private:
+  struct Worker {
+    std::unique_ptr<StorageReader> reader;
+    std::vector<FileRange> upcoming;  // will_read's ranges, reused
+  };
+  std::shared_ptr<const Storage> storage_;
+  ShardOptions options_;
+  std::vector<std::shared_ptr<const StorageFile>> files_;  // per shard
+  std::vector<Member> members_;                            // per sample
+  bool remote_;                                            // some shard is read over HTTP
+  std::vector<Worker> workers_;
+};
+
+// The first line of `text`.
+std::string one_line_of(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+// Each shard's index, where there is one.
+struct Indexes {
+  std::map<std::string, std::unique_ptr<detail::ShardIndex>> by_location;  // null: none there
+  std::vector<const detail::ShardIndex*> of;  // per shard; null: streamed
+  std::vector<std::string> location;          // per shard: where its index is
+  std::string no_index;  // why a command beside pipe: shards gave none, for an error
+  std::vector<std::string> classes;
+};
+
+Indexes load_indexes(const std::vector<ShardLocation>& shards, const ShardOptions& options,
+                     StorageReader& reader) {
+  Indexes x;
+  x.of.assign(shards.size(), nullptr);
+  x.location.resize(shards.size());
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardLocation& shard = shards[i];
+    if (options.index.empty() && !detail::has_index_name(shard)) continue;  // streamed
+    x.location[i] = options.index.empty() ? detail::index_location_for(shard) : options.index;
+    auto found = x.by_location.find(x.location[i]);
+    if (found == x.by_location.end()) {
+      auto index = std::make_unique<detail::ShardIndex>();
+      const bool lenient = options.index.empty() && shard.kind == Where::kPipe;
+      std::string why;
+      if (!detail::load_index(reader, x.location[i], shard.name(), lenient, *index, why)) {
+        if (!options.index.empty()) {
+          throw std::runtime_error("tar_shards: no index at " + options.index +
+                                   " (ShardOptions::index)");
+        }
+        if (x.no_index.empty()) x.no_index = why;
+        index.reset();
+      }
+      found = x.by_location.emplace(x.location[i], std::move(index)).first;
+    }
+    x.of[i] = found->second.get();
+  }
+  const std::vector<std::string>* classes = nullptr;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const detail::ShardIndex* index = x.of[i];
+    if (index == nullptr) continue;
+    const std::string where = shards[i].name();
+    if (classes == nullptr) {
+      classes = &index->classes;
+    } else if (*classes != index->classes) {
+      throw std::invalid_argument("tar_shards: " + where + ": its index " + x.location[i] +
+                                  " names other classes than the first indexed shard's");
+    }
+    if (index->find(detail::file_name_of(shards[i])) == nullptr) {
+      throw std::runtime_error("tar_shards: " + where + " is not listed in its index " +
+                               x.location[i]);
+    }
+  }
+  if (classes != nullptr) x.classes = *classes;
+  return x;
+}
+
+std::unique_ptr<ImageSource::Kind> streaming_kind(const std::vector<ShardLocation>& shards,
+                                                  const ShardOptions& options,
+                                                  const Storage& storage, StorageReader& reader,
+                                                  Indexes& indexes) {
+  std::vector<detail::StreamShard> stream_shards;
+  std::vector<size_t> counts;
+  bool counts_known = true;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    detail::StreamShard s{shards[i], 0};
+    if (indexes.of[i] != nullptr) {
+      s.samples = indexes.of[i]->find(detail::file_name_of(shards[i]))->samples.size();
+    } else if (shards[i].kind == Where::kLocal) {
+      s.samples = detail::count_tar_samples(storage, reader, shards[i].location);
+    } else {
+      counts_known = false;
+    }
+    counts.push_back(s.samples);
+    stream_shards.push_back(std::move(s));
+  }
+  if (shards.size() < options.world_size) {
+    throw std::invalid_argument("tar_shards (streaming): " + std::to_string(shards.size()) +
+                                " shards cannot be split over " +
+                                std::to_string(options.world_size) + " ranks");
+  }
+  size_t positions = options.epoch_samples;
+  if (positions == 0) {
+    if (!counts_known) {
+      throw std::invalid_argument(
+          "tar_shards (streaming): remote or pipe: shards without an index: give "
+          "ShardOptions::epoch_samples (samples per rank per epoch), or write an index "
+          "(conveyor-prepare)" +
+          (indexes.no_index.empty() ? std::string() : " (" + one_line_of(indexes.no_index) + ")"));
+    }
+    positions = detail::ShardStream::equal_positions(counts, options.world_size);
+  }
+  if (positions == 0) throw std::runtime_error("tar_shards: the shards hold no samples");
+  return detail::stream_kind(
+      std::make_shared<detail::ShardStream>(std::move(stream_shards), options, positions),
+      std::move(indexes.classes));
+}
+
+// A server that ignores Range would fail every sample: said once, here, with what works. One
+// request of one byte, to the first remote shard's server, without retries; any other failure is
+// left to the reads, which report it.
+void check_range_support(const Storage& storage, const ShardOptions& options,
+                         const std::vector<std::shared_ptr<const StorageFile>>& files,
+                         const std::vector<ShardLocation>& shards) {
+  for (size_t i = 0; i < shards.size(); ++i) {
+    if (shards[i].kind != Where::kHttp) continue;
+    RemoteOptions once = options;
+    once.retries = 0;
+    uint8_t byte = 0;
+    try {
+      storage.reader(once)->read_at(*files[i], 0, 1, &byte);
+    } catch (const detail::RangeIgnored&) {
+      throw std::runtime_error(
+          "tar_shards: " + shards[i].location +
+          ": the server ignored a Range request (HTTP 200 with the whole resource). Random "
+          "access reads each sample with a Range request; streaming reads each shard with one "
+          "plain GET and works with this server: set ShardOptions::streaming "
+          "(conveyor-bench --streaming)");
+    } catch (const std::exception&) {
+    }
+    return;
+  }
+}
+
+std::unique_ptr<ImageSource::Kind> random_access_kind(const std::vector<ShardLocation>& shards,
+                                                      const ShardOptions& options,
+                                                      std::shared_ptr<const Storage> storage,
+                                                      Indexes& indexes) {
+  std::vector<std::shared_ptr<const StorageFile>> files;
+  std::vector<Member> members;
+  std::vector<ImageItem> items;
+  bool remote = false;
+  if (shards.size() >= std::numeric_limits<uint32_t>::max()) {
+    throw std::invalid_argument("tar_shards: too many shards");
+  }
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardLocation& shard = shards[i];
+    const std::string& where = shard.location;
+    const detail::IndexedShard& indexed = *indexes.of[i]->find(detail::file_name_of(shard));
+    std::shared_ptr<const StorageFile> file;
+    try {
+      file = storage->open_file(shard);
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("tar_shards: cannot open shard ") + e.what());
+    }
+    // Shorter than the index says: truncated, and only the members it cuts fail, when read.
+    // Longer: rewritten, and the offsets cannot be trusted.
+    if (file->size() != StorageFile::kUnknownSize && file->size() > indexed.bytes) {
+      throw std::runtime_error("tar_shards: shard " + where + " is " +
+                               std::to_string(file->size()) + " bytes but its index " +
+                               indexes.location[i] + " says " + std::to_string(indexed.bytes) +
+                               " (rewritten since the index was written?)");
+    }
+    remote = remote || shard.kind == Where::kHttp;
+    for (const detail::IndexedSample& s : indexed.samples) {
+      if (s.size > detail::kMaxImageMemberBytes) {
+        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + s.key +
+                                 ".jpg is " + std::to_string(s.size) +
+                                 " bytes, more than any JPEG this loader reads");
+      }
+      if (s.size == 0 || s.offset > indexed.bytes || s.size > indexed.bytes - s.offset) {
+        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + s.key +
+                                 ".jpg lies outside shard " + where);
+      }
+      members.push_back({static_cast<uint32_t>(i), s.offset, s.size});
+      items.push_back({where + " (member " + s.key + ".jpg)", s.label});
+    }
+    files.push_back(std::move(file));
+  }
+  if (items.empty()) throw std::runtime_error("tar_shards: the shards hold no samples");
+  check_range_support(*storage, options, files, shards);
+  return std::make_unique<ShardKind>(std::move(items), std::move(indexes.classes),
+                                     std::move(storage), options, std::move(files),
+                                     std::move(members), remote);
+}
+
+}  // namespace
+
+std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::string>& shards,
+                                                     ImageTransform transform,
+                                                     const ShardOptions& options) {
+  if (options.retries < 0) throw std::invalid_argument("tar_shards: retries must be >= 0");
+  if (options.world_size == 0 || options.rank >= options.world_size) {
+    throw std::invalid_argument("tar_shards: rank " + std::to_string(options.rank) +
+                                " is not in [0, " + std::to_string(options.world_size) + ")");
+  }
+  const std::vector<ShardLocation> locations = expand_shard_locations(shards);
+  if (locations.empty()) throw std::invalid_argument("tar_shards: no shards given");
+  const std::shared_ptr<const Storage> storage =
+      options.storage ? options.storage : system_storage();
+  const std::unique_ptr<StorageReader> reader = storage->reader(options);
+  Indexes indexes = load_indexes(locations, options, *reader);
+  // A command's output can only be streamed.
+  const bool pipes = std::any_of(locations.begin(), locations.end(),
+                                 [](const ShardLocation& s) { return s.kind == Where::kPipe; });
+  const bool streaming =
+      options.streaming || pipes ||
+      std::find(indexes.of.begin(), indexes.of.end(), nullptr) != indexes.of.end();
+  std::unique_ptr<Kind> kind = streaming
+                                   ? streaming_kind(locations, options, *storage, *reader, indexes)
+                                   : random_access_kind(locations, options, storage, indexes);
+  return std::unique_ptr<ImageSource>(new ImageSource(std::move(kind), transform));
+}
+
+}  // namespace conveyor
