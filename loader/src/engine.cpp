@@ -17,6 +17,7 @@ DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOpt
       sampler_(sampler ? std::move(sampler) : SequentialSampler::make()),
       jobs_(options_.slots, options_.chunks_per_batch),
       completed_(options_.slots),
+      gate_(options_.workers),
       reorder_(options_.slots) {
   if (!source_) throw std::invalid_argument("conveyor: DataLoader needs a SampleSource");
   fields_ = source_->fields();
@@ -62,11 +63,23 @@ DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOpt
   filler_ =
       std::make_unique<detail::BatchFiller>(*source_, shared_->ring, options_, order_, generation_);
   source_->prepare(options_.workers);
+  depth_ = options_.slots;
+  if (options_.auto_workers) {
+    detail::WorkerTuner::Options tuning;
+    tuning.max_workers = options_.workers;
+    tuning.initial_workers = options_.workers;  // the whole budget, lowered once measured
+    tuning.slots = options_.slots;
+    tuning.prefetch_factor = options_.prefetch_factor;
+    tuner_.emplace(tuning);
+    gate_.set_active(tuner_->active());
+    depth_ = tuner_->depth();
+  }
   try {
     for (size_t w = 0; w < options_.workers; ++w) {
       workers_.emplace_back([this, w] { worker_loop(w); });
     }
   } catch (...) {  // no destructor will run: stop the workers already started
+    gate_.stop();
     jobs_.stop();
     workers_.clear();
     throw;
@@ -79,6 +92,7 @@ void DataLoader::Impl::join() {
   if (joined_) return;
   joined_ = true;
   generation_.fetch_add(1);  // workers abandon their batch at the next sample
+  gate_.stop();              // parked workers wake and return
   jobs_.stop();
   shared_->ring.close();
   workers_.clear();  // joins
@@ -113,6 +127,8 @@ LoaderStats DataLoader::Impl::stats() const {
   s.slot_states = shared_->ring.count_states();
   s.skipped = filler_->skipped().count();
   s.skipped_samples = filler_->skipped().records();
+  s.active_workers = gate_.active();
+  if (tuner_) s.active_workers_history = tuner_->history();
   return s;
 }
 
@@ -122,7 +138,9 @@ LoaderStats DataLoader::Impl::stats() const {
 void DataLoader::Impl::worker_loop(size_t worker) {
   const std::string number = std::to_string(worker);
   trace::name_this_thread("Conveyor worker " + number, "conveyor-w" + number);
-  while (std::optional<detail::Job> job = jobs_.wait()) {
+  while (gate_.wait_turn(worker)) {  // parked while above the active count (kAutoWorkers)
+    std::optional<detail::Job> job = jobs_.wait();
+    if (!job) return;
     // The slot's meta was written before its jobs were queued.
     detail::SlotMeta& meta = *meta_[job->slot];
     bool last = false;
@@ -194,6 +212,7 @@ void DataLoader::Impl::start_epoch() {
   next_sequence_ = first;
   next_stage_ = first;
   deferred_failure_ = nullptr;
+  if (tuner_) tuner_->restart();
   top_up();
 }
 
@@ -210,7 +229,7 @@ void DataLoader::Impl::dispatch(uint32_t slot) {
 
 // Hands every free slot a batch, in order, without blocking.
 void DataLoader::Impl::top_up() {
-  while (dispatched_ < num_batches_) {
+  while (dispatched_ < num_batches_ && dispatched_ - wanted() < depth_) {
     std::optional<uint32_t> slot = shared_->ring.try_acquire();
     if (!slot) return;
     dispatch(*slot);
@@ -303,6 +322,16 @@ std::optional<uint32_t> DataLoader::Impl::take_next(Clock::time_point deadline) 
     ++collected_;
     if (!options_.enforce_ordering) return popped;
     reorder_.put(meta_[*popped]->sequence, *popped);
+  }
+}
+
+void DataLoader::Impl::tune() {
+  if (!tuner_) return;
+  const size_t active = tuner_->observe(
+      {detail::seconds_since(created_), wait_seconds_, filler_->fill_seconds(), samples_});
+  if (active != gate_.active()) {
+    gate_.set_active(active);
+    depth_ = tuner_->depth();
   }
 }
 

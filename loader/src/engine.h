@@ -51,6 +51,7 @@
 #include "job_queue.h"
 #include "options.h"
 #include "reorderer.h"
+#include "worker_tuner.h"
 
 namespace conveyor {
 namespace detail {
@@ -96,6 +97,9 @@ class DataLoader::Impl {
   enum class Awaited { kBatch, kSlot };
 
   void worker_loop(size_t worker);
+  // Under kAutoWorkers, after each batch handed out: the tuner's choice of active workers and
+  // dispatch depth applied.
+  void tune();
   void dispatch(uint32_t slot);
   void top_up();
   // Waits until `deadline` at most for a free slot and dispatches the next batch into it.
@@ -148,6 +152,7 @@ class DataLoader::Impl {
   std::atomic<uint64_t> generation_{0};  // changes when an epoch starts or is cancelled
   std::vector<size_t> order_;            // the epoch's sampler order
   std::unique_ptr<detail::BatchFiller> filler_;
+  detail::WorkerGate gate_;  // parks the workers above the active count (kAutoWorkers)
 
   // Consumer-only state.
   uint64_t epoch_ = 0;
@@ -169,6 +174,9 @@ class DataLoader::Impl {
   std::optional<uint32_t> held_back_;    // a slot taken but not handed out (see the invariants)
   std::optional<Clock::time_point> waiting_since_;  // the first wait for the wanted batch
   Awaited awaited_ = Awaited::kBatch;
+  std::optional<detail::WorkerTuner> tuner_;  // kAutoWorkers only
+  size_t depth_ = 0;  // batches dispatched and not yet taken, at most (the slots, unless tuned)
+  Clock::time_point created_ = Clock::now();
 
   // Statistics (consumer-only).
   uint64_t batches_ = 0, samples_ = 0;

@@ -135,6 +135,7 @@ DataLoader::Poll DataLoader::Impl::poll_until(Clock::time_point deadline) {
     }
     ++batches_;
     samples_ += delivered.batch->size();
+    tune();
     result.batch = std::move(delivered.batch);
     return result;
   }
@@ -156,6 +157,7 @@ DataLoader::Poll DataLoader::Impl::poll_until(Clock::time_point deadline) {
   waiting_since_.reset();
   ++batches_;
   samples_ += result.batch->size();
+  tune();
   return result;
 }
 

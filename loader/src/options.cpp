@@ -12,7 +12,13 @@ ResolvedOptions resolve_options(const LoaderOptions& options, bool check_device)
   ResolvedOptions o;
   static_cast<LoaderOptions&>(o) = options;
   if (o.batch_size == 0) throw std::invalid_argument("conveyor: batch_size must be at least 1");
-  if (o.workers == 0) o.workers = std::max(1u, std::thread::hardware_concurrency());
+  const size_t hardware_threads = std::max(1u, std::thread::hardware_concurrency());
+  if (o.workers == kAutoWorkers) {
+    o.auto_workers = true;
+    o.workers = o.max_workers == 0 ? hardware_threads : o.max_workers;
+  }
+  if (o.workers == 0) o.workers = hardware_threads;
+  if (o.max_workers == 0 || !o.auto_workers) o.max_workers = o.workers;
   o.prefetch_factor = std::max<size_t>(1, o.prefetch_factor);
   if (o.timeout) {  // deadlines are now() + timeout: keep them far from overflowing
     if (o.timeout->count() < 0)

@@ -20,6 +20,9 @@ namespace conveyor::detail {
 
 struct ResolvedOptions : LoaderOptions {
   size_t chunks_per_batch = 1;  // ceil(batch_size / chunk_size)
+  // workers was kAutoWorkers: `workers` is then max_workers (the threads started), and
+  // WorkerTuner chooses how many of them work.
+  bool auto_workers = false;
 };
 
 // `check_device`: false only for a loader given its own CopyEngine (tests), whose device rules.

@@ -130,7 +130,10 @@ class DataLoader:
         sampler: conveyor.SequentialSampler, RandomSampler or DistributedSampler (torch's
             DistributedSampler is translated). Not with shuffle.
         num_workers: decoding threads (not processes; they never take the GIL). None (the
-            default): one per core; 0: one thread.
+            default): one per core; 0: one thread; "auto": the engine chooses, while it runs,
+            how many of one thread per core work (few when the training step is the
+            bottleneck), from what it measures; stats()["active_workers_history"] shows the
+            choice as (batch, seconds, workers). The batches are the same either way.
         drop_last: drop the last batch of an epoch when it is short.
         timeout: seconds to wait for one batch before TimeoutError; 0 (default): no limit.
         seed: seeds the order (shuffle) and the augmentations (default 0): the batches are the
@@ -158,7 +161,7 @@ class DataLoader:
 
     def __init__(self, dataset: Dataset, batch_size: Optional[int] = 1,
                  shuffle: Optional[bool] = None, sampler: Optional[Sampler] = None,
-                 batch_sampler=None, num_workers: Optional[int] = None, collate_fn=None,
+                 batch_sampler=None, num_workers: Union[int, str, None] = None, collate_fn=None,
                  pin_memory: bool = False, drop_last: bool = False, timeout: float = 0,
                  worker_init_fn=None, multiprocessing_context=None, generator=None, *,
                  prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
@@ -189,6 +192,8 @@ class DataLoader:
         batch_size = _positive_int(batch_size, "batch_size")
         if num_workers is None:
             workers = 0  # the engine: one per hardware thread
+        elif num_workers == "auto":
+            workers = _C.AUTO_WORKERS  # the engine's kAutoWorkers, up to one per hardware thread
         else:
             workers = max(1, _positive_int(num_workers, "num_workers", minimum=0))
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:

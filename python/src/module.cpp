@@ -322,6 +322,12 @@ py::dict stats_dict(const LoaderStats& s) {
   }
   d["slot_states"] = slots;
   d["copies_to_host"] = s.copies_to_host;
+  d["active_workers"] = s.active_workers;
+  py::list history;  // num_workers="auto": (batch, seconds, workers) from the start, per change
+  for (const ActiveWorkers& a : s.active_workers_history) {
+    history.append(py::make_tuple(a.batch, a.seconds, a.workers));
+  }
+  d["active_workers_history"] = history;
   return d;
 }
 
@@ -421,6 +427,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("scale_min"), py::arg("scale_max"), py::arg("ratio_min"), py::arg("ratio_max"),
         py::arg("flip_probability"), py::arg("layout"), py::arg("exif_orientation"),
         py::arg("max_pixels"), py::arg("dct_scales"));
+  m.attr("AUTO_WORKERS") = conveyor::kAutoWorkers;  // make_options' workers for "auto"
   m.attr("SIMD_DCT_SCALES") = conveyor::kSimdDctScales;
   m.attr("FULL_DCT_SCALE") = conveyor::kFullDctScale;
   m.attr("ALL_DCT_SCALES") = conveyor::kAllDctScales;

@@ -31,7 +31,7 @@ def run_reference(program, root, out: Path, workers, batch, seed, epochs, shuffl
     return images, labels, rows
 
 
-@pytest.mark.parametrize("workers", [1, 2, 4])
+@pytest.mark.parametrize("workers", [1, 2, 4, "auto"])
 def test_every_sample_once_with_the_cpp_loaders_bytes(photos, reference_program, tmp_path,
                                                       workers):
     loader = loader_for(photos, workers)
@@ -53,6 +53,15 @@ def test_every_sample_once_with_the_cpp_loaders_bytes(photos, reference_program,
     targets = loader.dataset.targets
     for _, idx, _, lab in got:
         assert lab.tolist() == [targets[i] for i in idx]
+
+
+def test_auto_workers_report_what_they_chose(photos):
+    loader = loader_for(photos, "auto")
+    batches_of(loader, epochs=1)
+    stats = loader.stats()
+    assert 1 <= stats["active_workers"] <= loader.num_workers
+    first_batch, seconds, workers = stats["active_workers_history"][0]
+    assert (first_batch, seconds) == (0, 0.0) and 1 <= workers <= loader.num_workers
 
 
 def test_batches_are_tensors_of_the_engines_ring_not_copies(photos):

@@ -156,10 +156,22 @@ enum class ErrorPolicy {
   kSkip,   // the failed sample is replaced by the next index that loads, and counted
 };
 
+// LoaderOptions::workers = kAutoWorkers: the loader starts max_workers threads and chooses, while
+// it runs, how many of them work (the others are parked) and how many batches it dispatches ahead,
+// from what it measures: the consumer's wait per batch, the workers' busy time per sample, and the
+// consumer's own time per sample. Few workers when the training step is the bottleneck (the
+// consumer still waits under a few percent of the time), up to max_workers when it is not.
+// Batches are byte-identical to those of any fixed number of workers, and resume is unchanged.
+// stats().active_workers and stats().active_workers_history show the choice.
+inline constexpr size_t kAutoWorkers = SIZE_MAX;
+
 struct LoaderOptions {
   size_t batch_size = 1;
-  // Worker threads that decode samples. 0 means one per hardware thread.
+  // Worker threads that decode samples. 0 means one per hardware thread; kAutoWorkers: see above.
   size_t workers = 0;
+  // With workers = kAutoWorkers, the budget: the most workers that work at once (and the threads
+  // started). 0 means one per hardware thread.
+  size_t max_workers = 0;
   // Drop the last batch of an epoch when it is smaller than batch_size.
   bool drop_last = false;
   // Deliver batches in sampler order (true) or as soon as each is ready (false).
@@ -247,6 +259,14 @@ struct SkippedSample {
   uint64_t epoch;
 };
 
+// A change of the active workers under kAutoWorkers: from the batch handed out `batch` (counted
+// over the loader's life) and `seconds` after the loader started, `workers` work.
+struct ActiveWorkers {
+  uint64_t batch = 0;
+  double seconds = 0;
+  size_t workers = 0;
+};
+
 struct LoaderStats {
   uint64_t batches = 0;                        // delivered to the consumer
   uint64_t samples = 0;                        // rows delivered
@@ -258,6 +278,9 @@ struct LoaderStats {
   double wait_seconds = 0;          // time the consumer waited for a batch
   std::vector<size_t> slot_states;  // slots per SlotState, now
   uint64_t copies_to_host = 0;      // batches handed out as copies because the user held every slot
+  size_t active_workers = 0;        // workers that work now (all of them unless kAutoWorkers)
+  // Under kAutoWorkers: the active workers from the start, then every change (the first 4096).
+  std::vector<ActiveWorkers> active_workers_history;
 };
 
 // ---------------------------------------------------------------------------------------------
