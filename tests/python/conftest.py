@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -167,10 +168,21 @@ def batches_of(loader, epochs: int = 1):
     return out
 
 
-def python_child(code: str, *args: str, **kwargs) -> subprocess.Popen:
-    """A Python process running `code` with this environment's conveyor."""
-    return subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kwargs)
+# A child started by a shell without job control (`cmd &`, nohup, some CI runners) inherits
+# SIGINT ignored, and Python then installs no KeyboardInterrupt handler: put back what a terminal
+# user's Python has, so that the Ctrl-C tests test the loader and not the parent's shell.
+CHILD_PRELUDE = "import signal as _signal; _signal.signal(_signal.SIGINT, _signal.default_int_handler)\n"
+
+
+def python_child(code: str, *args: str, deadline: float = 120.0, **kwargs) -> subprocess.Popen:
+    """A Python process running `code` with this environment's conveyor. It is killed after
+    `deadline` seconds, so that a test reading its output fails rather than hangs."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD_PRELUDE + code, *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    watchdog = threading.Timer(deadline, child.kill)
+    watchdog.daemon = True
+    watchdog.start()
+    return child
 
 
 requires_cuda = pytest.mark.skipif(
