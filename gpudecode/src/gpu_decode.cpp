@@ -175,6 +175,11 @@ Probe probe(const GpuDecodeSetup& setup) {
   return p;
 }
 
+// A region of the source image, in pixels.
+struct Region {
+  int x = 0, y = 0, w = 0, h = 0;
+};
+
 // A baseline file whose data ends without EOI (after any trailing zero padding) was cut short:
 // the hardware backend would decode it silently, the CPU path raises it through on_error.
 bool ends_with_eoi(const uint8_t* data, size_t size) {
@@ -207,6 +212,7 @@ struct GpuCropDecoder::State {
   std::vector<size_t> positions;  // the batch's images sent to the hardware
   std::vector<size_t> offsets;    // their regions' offsets in `regions`
   std::vector<CropPlan> plans;
+  std::vector<Region> regions_decoded;  // what nvJPEG decodes for each plan
   DeviceBuffer regions;
   DeviceBuffer device_jobs;
   PinnedArray<CropJob> host_jobs;
@@ -249,6 +255,7 @@ GpuCropDecoder::GpuCropDecoder(GpuDecodeOptions options) {
   s.positions.reserve(n);
   s.offsets.reserve(n);
   s.plans.reserve(n);
+  s.regions_decoded.reserve(n);
   s.device_jobs.reserve(n * sizeof(CropJob));
 }
 
@@ -290,6 +297,7 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
     s.positions.clear();
     s.offsets.clear();
     s.plans.clear();
+    s.regions_decoded.clear();
     s.batch_params.clear();
     size_t region_bytes = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -318,8 +326,16 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
       const CropPlan plan =
           gpudecode::plan_crop(static_cast<int>(width), static_cast<int>(height), box.x, box.y,
                                box.width, box.height, box.flip, t.size, t.dct_scales, hwc);
+      // nvJPEG decodes the plan's region widened to whole 16 x 16 blocks (the largest MCU) and
+      // clamped to the image, so that no MCU is cut; the kernel reads the plan's region in it.
+      const int w = static_cast<int>(width), h = static_cast<int>(height);
+      Region region;
+      region.x = plan.roi_x / 16 * 16;
+      region.y = plan.roi_y / 16 * 16;
+      region.w = std::min(w, (plan.roi_x + plan.roi_w + 15) / 16 * 16) - region.x;
+      region.h = std::min(h, (plan.roi_y + plan.roi_h + 15) / 16 * 16) - region.y;
       nv::Params params = s.params[s.positions.size()].get();
-      check_nvjpeg(lib.params_set_roi(params, plan.roi_x, plan.roi_y, plan.roi_w, plan.roi_h),
+      check_nvjpeg(lib.params_set_roi(params, region.x, region.y, region.w, region.h),
                    "nvjpegDecodeParamsSetROI");
       int supported = -1;
       const int asked =
@@ -331,8 +347,9 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
       s.positions.push_back(i);
       s.offsets.push_back(region_bytes);
       s.plans.push_back(plan);
+      s.regions_decoded.push_back(region);
       s.batch_params.push_back(params);
-      const size_t bytes = static_cast<size_t>(plan.roi_w) * 3 * static_cast<size_t>(plan.roi_h);
+      const size_t bytes = static_cast<size_t>(region.w) * 3 * static_cast<size_t>(region.h);
       region_bytes += (bytes + 255) / 256 * 256;
     }
     const size_t n = s.positions.size();
@@ -343,13 +360,17 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
     s.batch_lengths.clear();
     for (size_t k = 0; k < n; ++k) {
       const GpuJpeg& image = images[s.positions[k]];
+      const CropPlan& plan = s.plans[k];
+      const Region& region = s.regions_decoded[k];
+      const size_t pitch = static_cast<size_t>(region.w) * 3;
       s.batch_images[k].channel[0] = regions + s.offsets[k];
-      s.batch_images[k].pitch[0] = static_cast<size_t>(s.plans[k].roi_w) * 3;
+      s.batch_images[k].pitch[0] = pitch;
       s.batch_data.push_back(image.data);
       s.batch_lengths.push_back(image.size);
-      s.host_jobs.data()[k] =
-          CropJob{s.plans[k], regions + s.offsets[k], s.batch_images[k].pitch[0],
-                  device_rows + s.positions[k] * row_bytes};
+      const uint8_t* roi = regions + s.offsets[k] +
+                           static_cast<size_t>(plan.roi_y - region.y) * pitch +
+                           static_cast<size_t>(plan.roi_x - region.x) * 3;
+      s.host_jobs.data()[k] = CropJob{plan, roi, pitch, device_rows + s.positions[k] * row_bytes};
     }
     check_nvjpeg(lib.batched_initialize(handle, s.state.get(), static_cast<int>(n), 1,
                                         static_cast<nv::OutputFormat>(nv::kOutputRgbi)),
