@@ -1,5 +1,5 @@
-// conveyor/gpu_decode.h and conveyor/decode_balance.h compile as C++17 on its own, as every public header must (LibTorch asks
-// for C++17). Compiled only.
+// conveyor/gpu_decode.h and conveyor/decode_balance.h compile as C++17 on its own, as every public
+// header must (LibTorch asks for C++17). Compiled only.
 #include "conveyor/decode_balance.h"
 #include "conveyor/gpu_decode.h"
 
