@@ -24,6 +24,7 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/gpu_decode.h"
+#include "synthetic.h"
 
 namespace {
 
