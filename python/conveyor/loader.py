@@ -233,7 +233,11 @@ class DataLoader:
         _live_loaders.add(self)
 
     # --- iteration ---------------------------------------------------------------------------
+
     def __iter__(self) -> Iterator[Batch]:
+        """The next epoch's batches (or the rest of a loaded state's epoch), as
+        ``(images, labels)`` pairs. It replaces an earlier iterator of this loader, whose
+        next ``next()`` raises RuntimeError."""
         sampler = self.sampler
         if isinstance(sampler, DistributedSampler) and sampler._pending_epoch is not None:
             self._cpp.set_epoch(sampler._pending_epoch)
