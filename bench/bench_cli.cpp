@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +71,7 @@ BenchConfig parse_command_line(int argc, char** argv) {
   std::string on_error = "raise";
   std::vector<std::string> compare, references;
   bool generate_only = false;
+  std::optional<size_t> max_workers;
 
   CLI::App app(
       "conveyor-bench: Conveyor's throughput on an image dataset, with reference runs in\n"
@@ -102,8 +104,26 @@ BenchConfig parse_command_line(int argc, char** argv) {
   app.add_option("--batch-size", c.batch_size, "images per batch (default 256)")
       ->type_name("B")
       ->check(CLI::PositiveNumber);
-  app.add_option("--workers", c.workers, "decoding threads (default: all cores)")
-      ->type_name("W")
+  // --workers W or auto, read here once: auto is BenchConfig::auto_workers, W is workers.
+  app.add_option_function<std::string>(
+         "--workers",
+         [&c](const std::string& w) {
+           size_t n = 0;
+           c.auto_workers = w == "auto";
+           if (c.auto_workers) return;
+           if (!CLI::detail::lexical_cast(w, n) || n == 0) {
+             throw CLI::ValidationError("--workers",
+                                        "takes a positive number or auto, got '" + w + "'");
+           }
+           c.workers = n;
+         },
+         "decoding threads (default: all cores), or auto: Conveyor chooses while it runs how\n"
+         "many of --max-workers work (LoaderOptions::workers = kAutoWorkers); the\n"
+         "references run --max-workers threads")
+      ->type_name("W|auto");
+  app.add_option("--max-workers", max_workers,
+                 "the budget of --workers auto: the most workers at once (default: all cores)")
+      ->type_name("M")
       ->check(CLI::PositiveNumber);
   app.add_option("--epochs", c.epochs, "epochs to time (default 2)")
       ->type_name("E")
@@ -164,6 +184,14 @@ BenchConfig parse_command_line(int argc, char** argv) {
     usage_error(app, e.what());
   }
 
+  if (max_workers) {
+    if (!c.auto_workers) {
+      usage_error(app,
+                  "--max-workers is the budget of --workers auto; with a fixed count, give "
+                  "--workers W alone");
+    }
+    c.workers = *max_workers;
+  }
   c.skip = on_error == "skip";
   for (const std::string& item : compare) {
     if (item == "all") {

@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include <sys/resource.h>
 #include <turbojpeg.h>
 
 #include <ATen/ATen.h>
@@ -28,6 +29,15 @@ double percentile(std::vector<double> v, double p) {
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double process_cpu_seconds() {
+  rusage usage{};
+  ::getrusage(RUSAGE_SELF, &usage);
+  const timeval& u = usage.ru_utime;
+  const timeval& k = usage.ru_stime;
+  return static_cast<double>(u.tv_sec + k.tv_sec) +
+         1e-6 * static_cast<double>(u.tv_usec + k.tv_usec);
 }
 
 Progress::Progress(const std::string& name, uint64_t total, bool enabled)
@@ -115,7 +125,8 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   std::shared_ptr<ImageSource> source = open_source(config.data, transform, config.streaming);
   LoaderOptions o;
   o.batch_size = config.batch_size;
-  o.workers = config.workers;
+  o.workers = config.auto_workers ? kAutoWorkers : config.workers;
+  o.max_workers = config.auto_workers ? config.workers : 0;
   o.device = parse_device(config.device);
   o.on_error = config.skip ? ErrorPolicy::kSkip : ErrorPolicy::kRaise;
   // A streamed source brings its own order (the shard shuffle and the shuffle buffer): it is read
@@ -134,6 +145,7 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   std::vector<double>& intervals = r.batch_ms;
   intervals.reserve(source->size() * config.epochs / config.batch_size + 1);
   const double t0 = now_seconds();
+  const double cpu0 = process_cpu_seconds();
   double last = t0;
   for (size_t e = 0; e < config.epochs; ++e) {
     for (Batch& b : loader) {
@@ -150,11 +162,14 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
     (void)probe.cpu();
   }
   r.seconds = now_seconds() - t0;
+  r.cpu_seconds = process_cpu_seconds() - cpu0;
   progress.finish(r.images);
   r.timeline = progress.take_timeline();
   r.workers = config.workers;
   r.images_per_s = r.images / r.seconds;
   LoaderStats s = loader.stats();
+  r.active_workers = s.active_workers;
+  r.active_workers_history = std::move(s.active_workers_history);
   r.errors = s.errors;
   r.skipped = s.skipped;
   r.wait_fraction = s.wait_seconds / r.seconds;
@@ -196,6 +211,7 @@ RunResult run_ceiling(const BenchConfig& config) {
   std::string failure;
   Progress progress("ceiling", total, config.progress);
   const double t0 = now_seconds();
+  const double cpu0 = process_cpu_seconds();
   {
     std::vector<std::jthread> threads;
     for (size_t w = 0; w < config.workers; ++w) {
@@ -240,6 +256,8 @@ RunResult run_ceiling(const BenchConfig& config) {
   r.workers = config.workers;
   r.images = total;
   r.seconds = now_seconds() - t0;
+  r.cpu_seconds = process_cpu_seconds() - cpu0;
+  r.active_workers = config.workers;
   r.images_per_s = total / r.seconds;
   r.errors = errors;
   r.skipped = skipped;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "conveyor/datasets.h"
+#include "conveyor/loader.h"
 
 namespace conveyor::bench {
 
@@ -44,7 +45,12 @@ struct BenchConfig {
   // reference_data, else `data` when it is a folder (empty if neither).
   std::string reference_folder;
   size_t batch_size = 256;
+  // The threads: Conveyor's workers, and the references' threads (every reference, under
+  // auto_workers too, runs this many).
   size_t workers = 1;
+  // --workers auto: Conveyor runs with LoaderOptions::workers = kAutoWorkers and `workers` as its
+  // budget (max_workers), choosing while it runs how many of them work.
+  bool auto_workers = false;
   size_t epochs = 2;
   size_t rounds = 3;  // each run this many times, interleaved; ratios are per-round medians
   int crop = 224;
@@ -66,6 +72,9 @@ struct RunResult {
   std::string mode;
   uint64_t images = 0;
   double seconds = 0;
+  // The process's CPU time (user + system, every thread: getrusage RUSAGE_SELF) over the timed
+  // span that `seconds` measures.
+  double cpu_seconds = 0;
   double images_per_s = 0;
   uint64_t errors = 0;
   uint64_t skipped = 0;
@@ -91,6 +100,12 @@ struct RunResult {
   std::map<std::string, double> time_split;
   // The configuration it ran with: BenchConfig::workers.
   size_t workers = 0;
+  // Conveyor's active workers at the end (stats().active_workers; `workers` for the references),
+  // and under --workers auto its choice over time (stats().active_workers_history): the loader's
+  // batches handed out, the seconds since the loader started, and the active workers, at the
+  // start and at every change.
+  size_t active_workers = 0;
+  std::vector<ActiveWorkers> active_workers_history;
 };
 
 // Conveyor on config.data (a folder or tar shards), named `name`.
@@ -119,6 +134,8 @@ class Progress {
 };
 
 double now_seconds();
+// The CPU time (user + system) of the whole process so far, every thread included.
+double process_cpu_seconds();
 // The p-quantile (0..1) of `v`: the element at the rounded index p * (n - 1); 0 when empty.
 double percentile(std::vector<double> v, double p);
 

@@ -2,7 +2,8 @@
 // process on the same files and threads, so every figure is a ratio against something real.
 //
 //   conveyor-bench [--data SOURCE | --dataset photos|mixed | --generate N] [--batch-size 256]
-//                  [--workers W] [--epochs 2] [--rounds 3] [--crop 224] [--device cpu|cuda[:i]]
+//                  [--workers W|auto] [--max-workers M] [--epochs 2] [--rounds 3] [--crop 224]
+//                  [--device cpu|cuda[:i]]
 //                  [--compare ceiling,...] [--reference-data NAME=SOURCE ...]
 //                  [--on-error raise|skip] [--json FILE] [--plot FILE.svg|FILE.png]
 //                  [--generate-only]
@@ -97,8 +98,9 @@ double median(std::vector<double> v) {
 }
 
 void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const RunResult& main) {
-  std::printf("\nconveyor-bench  %s  batch %zu  workers %zu  crop %d  epochs %zu  rounds %zu\n",
-              c.data.c_str(), c.batch_size, c.workers, c.crop, c.epochs, c.rounds);
+  std::printf("\nconveyor-bench  %s  batch %zu  workers %s%zu  crop %d  epochs %zu  rounds %zu\n",
+              c.data.c_str(), c.batch_size, c.auto_workers ? "auto, at most " : "", c.workers,
+              c.crop, c.epochs, c.rounds);
   std::printf("source: %s%s\n", source_kind_name(source_kind(c.data)).c_str(),
               c.streaming ? ", shards streamed" : "");
   for (const auto& r : runs) {
@@ -126,12 +128,24 @@ void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const
               static_cast<unsigned long long>(main.errors),
               static_cast<unsigned long long>(main.skipped), 100.0 * main.wait_fraction,
               main.p50_ms, main.p99_ms);
+  std::printf("CPU %.1f s over %.1f s (%.2f cores)  active workers %zu of %zu%s\n",
+              main.cpu_seconds, main.seconds, main.cpu_seconds / std::max(1e-9, main.seconds),
+              main.active_workers, c.workers, c.auto_workers ? " (auto)" : "");
   for (const auto& [k, v] : main.extra) std::printf("%s %.3f\n", k.c_str(), v);
   if (!main.scale_shares.empty()) {
     std::printf("DCT scale share:");
     for (const auto& [m, share] : main.scale_shares) std::printf("  %d/8 %.0f%%", m, 100 * share);
     std::printf("\n");
   }
+}
+
+// A run's active workers over time: [{"batch", "seconds", "workers"}, ...] (RunResult).
+nlohmann::ordered_json history_json(const RunResult& r) {
+  nlohmann::ordered_json out = nlohmann::ordered_json::array();
+  for (const ActiveWorkers& a : r.active_workers_history) {
+    out.push_back({{"batch", a.batch}, {"seconds", a.seconds}, {"workers", a.workers}});
+  }
+  return out;
 }
 
 // The figures as JSON: flat keys for the table's figures (Conveyor's, then each reference's
@@ -146,6 +160,9 @@ nlohmann::ordered_json figures(const BenchConfig& c, const std::vector<RunResult
   j["mode"] = main.mode;
   j["batch_size"] = c.batch_size;
   j["workers"] = c.workers;
+  j["auto_workers"] = c.auto_workers;
+  j["active_workers"] = main.active_workers;
+  j["active_workers_history"] = history_json(main);
   j["epochs"] = c.epochs;
   j["rounds"] = c.rounds;
   j["crop"] = c.crop;
@@ -153,6 +170,7 @@ nlohmann::ordered_json figures(const BenchConfig& c, const std::vector<RunResult
   j["seconds"] = main.seconds;
   j["images_per_s"] = main.images_per_s;
   j["images_per_s_rounds"] = main.round_images_per_s;
+  j["cpu_seconds"] = main.cpu_seconds;
   j["errors"] = main.errors;
   j["skipped"] = main.skipped;
   j["pinned_bytes"] = main.pinned_bytes;
@@ -176,6 +194,9 @@ nlohmann::ordered_json figures(const BenchConfig& c, const std::vector<RunResult
                        {"p50_batch_ms", r.p50_ms},
                        {"p99_batch_ms", r.p99_ms},
                        {"workers", r.workers},
+                       {"cpu_seconds", r.cpu_seconds},
+                       {"active_workers", r.active_workers},
+                       {"active_workers_history", history_json(r)},
                        {"timeline", r.timeline},
                        {"batch_ms", r.batch_ms},
                        {"time_split", r.time_split}});
@@ -188,6 +209,7 @@ nlohmann::ordered_json figures(const BenchConfig& c, const std::vector<RunResult
     j[key + "_images"] = r.images;
     j[key + "_images_per_s"] = r.images_per_s;
     j[key + "_images_per_s_rounds"] = r.round_images_per_s;
+    j[key + "_cpu_seconds"] = r.cpu_seconds;
     j[key + "_ratio"] = ratio;
     const auto [lo, hi] = std::minmax_element(r.ratios.begin(), r.ratios.end());
     j[key + "_ratio_min"] = *lo;
@@ -220,9 +242,9 @@ std::vector<std::string> plot_caption(int argc, char** argv, const BenchConfig& 
   std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   char config[256];
   std::snprintf(config, sizeof config,
-                "batch %zu, %zu workers, crop %d, %zu epochs x %zu rounds, device %s, %s",
-                c.batch_size, c.workers, c.crop, c.epochs, c.rounds, main.device.c_str(),
-                main.mode.c_str());
+                "batch %zu, %s%zu workers, crop %d, %zu epochs x %zu rounds, device %s, %s",
+                c.batch_size, c.auto_workers ? "auto, at most " : "", c.workers, c.crop, c.epochs,
+                c.rounds, main.device.c_str(), main.mode.c_str());
   return {command, std::string(config),
           std::string(host) + ", " + std::to_string(std::thread::hardware_concurrency()) +
               " hardware threads, " + date + "; data " + c.data};

@@ -6,7 +6,8 @@ usage: plot.py BENCH.json OUT.svg|OUT.png
 conveyor-bench runs this script (installed beside it as conveyor-bench-plot.py) with the JSON it
 wrote; it can also be run by hand on any JSON that conveyor-bench --json wrote. Three panels:
   - images/s over time, one line per run (Conveyor and each reference, the median round of each),
-    so a slow start, a stall or a drifting machine shows;
+    so a slow start, a stall or a drifting machine shows; under --workers auto also Conveyor's
+    active workers over time (stats().active_workers_history), dashed, on the right axis;
   - the per-batch latency distribution (time between consecutive batches the consumer got), as a
     cumulative distribution per run that delivers batches;
   - the time split of each Conveyor run per image: worker time reading, decoding, transforming
@@ -14,7 +15,7 @@ wrote; it can also be run by hand on any JSON that conveyor-bench --json wrote. 
     waiting for a batch, and in the loop's own work.
 Every figure printed (images/s, ratios, p50 and p99) is the bench's own, read from the JSON; the
 script only draws. Text stays text in an SVG (svg.fonttype none), and each line is a group whose
-id names it ("rate:RUN", "latency:RUN"), so that a test can find them.
+id names it ("rate:RUN", "latency:RUN", "workers:RUN"), so that a test can find them.
 """
 import json
 import sys
@@ -65,14 +66,51 @@ def rate_series(timeline, window):
     return xs, ys
 
 
+def workers_series(history, end):
+    """The active workers as steps from each change to the next, the last one held to `end`."""
+    xs, ys = [], []
+    for k, h in enumerate(history):
+        until = history[k + 1]["seconds"] if k + 1 < len(history) else max(end, h["seconds"])
+        xs += [h["seconds"], until]
+        ys += [h["workers"], h["workers"]]
+    return xs, ys
+
+
+def plot_workers(ax, runs):
+    """Under --workers auto: each Conveyor run's active workers over time, on a right axis."""
+    tuned = [(i, r) for i, r in enumerate(runs) if r.get("active_workers_history")]
+    if not tuned:
+        return None
+    right = ax.twinx()
+    top = 1
+    handles = []
+    for i, r in tuned:
+        end = r["timeline"][-1][0] if r["timeline"] else r["seconds"]
+        xs, ys = workers_series(r["active_workers_history"], end)
+        top = max(top, r["workers"], *ys)
+        label = f"{r['name']}: active workers"
+        (line,) = right.plot(xs, ys, color=colour(i), linewidth=1.5, linestyle="--", label=label)
+        line.set_gid("workers:" + r["name"])
+        handles.append(line)
+    right.set_ylabel("active workers")
+    right.set_ylim(0, top + 0.5)
+    right.yaxis.get_major_locator().set_params(integer=True)
+    right.legend(handles=handles, title="right axis, dashed", loc="lower right", fontsize=9,
+                 title_fontsize=9, frameon=True)
+    return right
+
+
 def plot_rates(ax, runs):
     t_top = max((r["timeline"][-1][0] for r in runs if r["timeline"]), default=0.1)
     window = max(0.25, t_top / 40)
+    handles = []
     for i, r in enumerate(runs):
         xs, ys = rate_series(r["timeline"], window)
         label = f"{r['name']}: {r['images_per_s']:.1f} ({r['ratio']:.2f}x)"
         (line,) = ax.plot(xs, ys, color=colour(i), linewidth=2, label=label)
         line.set_gid("rate:" + r["name"])
+        handles.append(line)
+    workers = plot_workers(ax, runs)
     ax.set_title(f"Images/s over time (median round of each run; {window:g} s windows)",
                  loc="left", fontweight="bold", fontsize=12)
     ax.set_xlabel("seconds since the run's start")
@@ -80,8 +118,10 @@ def plot_rates(ax, runs):
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(color="#e5e5e5")
-    ax.legend(title="run: images/s (Conveyor / run)", loc="upper left", bbox_to_anchor=(1.01, 1),
-              fontsize=9, title_fontsize=10, frameon=False)
+    # With a right axis (active workers, its own legend inside) this one moves past its labels.
+    ax.legend(handles=handles, title="run: images/s (Conveyor / run)", loc="upper left",
+              bbox_to_anchor=(1.06 if workers else 1.01, 1), fontsize=9, title_fontsize=10,
+              frameon=False)
 
 
 def plot_latency(ax, runs):
@@ -150,7 +190,7 @@ def main():
     plt.rcParams["svg.hashsalt"] = "conveyor-bench"  # the same figures, the same file
     fig = plt.figure(figsize=(13, 9.5))
     grid = fig.add_gridspec(2, 2, height_ratios=[1, 1], width_ratios=[1, 1], left=0.07,
-                            right=0.8, top=0.83, bottom=0.08, hspace=0.45, wspace=0.55)
+                            right=0.76, top=0.83, bottom=0.08, hspace=0.45, wspace=0.55)
     fig.text(0.02, 0.965, "conveyor-bench", fontsize=18, fontweight="bold")
     for k, line in enumerate(bench.get("caption", [])):
         fig.text(0.02, 0.935 - 0.02 * k, line, fontsize=10, color="#444444")

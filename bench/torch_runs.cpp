@@ -119,6 +119,7 @@ RunResult run_torch_loader(const std::string& name, const BenchConfig& config) {
   r.device = device.str();
   Progress progress(name, items->size() * config.epochs, config.progress);
   const double t0 = now_seconds();
+  const double cpu0 = process_cpu_seconds();
   double last = t0;
   try {
     for (size_t e = 0; e < config.epochs; ++e) {
@@ -148,12 +149,14 @@ RunResult run_torch_loader(const std::string& name, const BenchConfig& config) {
   }
   if (device.is_cuda()) (void)torch::zeros({1}, torch::TensorOptions().device(device)).cpu();
   r.seconds = now_seconds() - t0;
+  r.cpu_seconds = process_cpu_seconds() - cpu0;
   r.images_per_s = r.images / r.seconds;
   r.errors = counters->errors;
   r.skipped = counters->skipped;
   progress.finish(r.images);
   r.timeline = progress.take_timeline();
   r.workers = config.workers;
+  r.active_workers = config.workers;
   return r;
 }
 

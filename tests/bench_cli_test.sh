@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # conveyor-bench as a user runs it: generates its dataset, prints a throughput, writes the JSON
 # fields it promises, says when there is no GPU, applies --on-error to a bad file, and reads tar
-# shards (made by conveyor-prepare, found beside the bench: build/tools/) with a folder reference.
+# shards (made by conveyor-prepare, found beside the bench: build/tools/) with a folder reference,
+# and runs --workers auto.
 set -euo pipefail
 bench="$1"
 tmp=$(mktemp -d)
@@ -82,6 +83,38 @@ assert j["time_decode_seconds"] > 0 and j["time_transform_seconds"] > 0, j
 assert work <= j["fill_seconds"] * 1.001 + 1e-3, (work, j["fill_seconds"])
 assert j["time_decode_seconds"] > j["time_transform_seconds"], j
 PY
+# --workers auto: Conveyor tunes within --max-workers (the ceiling runs that many threads); the JSON
+# gives its choice over time and the CPU each run used, the plot draws the choice.
+"$bench" --data "$folder" --batch-size 4 --workers auto --max-workers 2 --epochs 2 --rounds 1 \
+  --compare ceiling --json "$tmp/auto.json" --plot "$tmp/auto.svg" >"$tmp/stdout" 2>"$tmp/stderr" ||
+  fail "--workers auto failed: $(cat "$tmp/stderr")"
+grep -q "workers auto, at most 2" "$tmp/stdout" || fail "table does not say auto: $(cat "$tmp/stdout")"
+python3 - "$tmp/auto.json" "$tmp/auto.svg" "$tmp/out.json" <<'PY' || fail "--workers auto JSON or plot check failed"
+import json, sys, xml.etree.ElementTree as ET
+j = json.load(open(sys.argv[1]))
+assert j["auto_workers"] is True and j["workers"] == 2 and j["images"] == 40, j
+history = j["active_workers_history"]
+assert history and history[0]["batch"] == 0 and history[0]["seconds"] == 0, history
+assert all(1 <= h["workers"] <= 2 for h in history) and 1 <= j["active_workers"] <= 2, history
+assert j["cpu_seconds"] > 0 and j["ceiling_cpu_seconds"] > 0, j
+runs = {r["name"]: r for r in j["runs"]}
+assert runs["ceiling"]["workers"] == 2 and runs["ceiling"]["active_workers_history"] == [], runs
+fixed = json.load(open(sys.argv[3]))
+assert fixed["auto_workers"] is False and fixed["active_workers_history"] == [], fixed
+assert fixed["active_workers"] == 2 and fixed["cpu_seconds"] > 0, fixed
+svg = ET.parse(sys.argv[2]).getroot()
+ns = "{http://www.w3.org/2000/svg}"
+assert any(g.get("id") == "workers:conveyor" for g in svg.iter(ns + "g")), "no active workers line"
+PY
+if "$bench" --data "$folder" --workers 2 --max-workers 2 --epochs 1 >"$tmp/stdout" 2>"$tmp/stderr"; then
+  fail "--max-workers with a fixed --workers exited 0"
+fi
+grep -q -- "--max-workers is the budget of --workers auto" "$tmp/stderr" ||
+  fail "--max-workers without auto: no clear error: $(cat "$tmp/stderr")"
+if "$bench" --data "$folder" --workers many --epochs 1 >"$tmp/stdout" 2>"$tmp/stderr"; then
+  fail "--workers many exited 0"
+fi
+grep -q "positive number or auto" "$tmp/stderr" || fail "--workers many: no clear error: $(cat "$tmp/stderr")"
 # .png from matplotlib too (the venv's: scripts/setup installs it); another name is refused up front.
 "$bench" --data "$folder" --batch-size 8 --workers 2 --epochs 1 --rounds 1 --plot "$tmp/plot.png" \
   >"$tmp/stdout" 2>"$tmp/stderr" || fail "--plot FILE.png failed: $(cat "$tmp/stderr")"
