@@ -286,7 +286,7 @@ struct LoaderStats {
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
-class TorchConventionEngine;  // the drop-in's bridge (loader/src/torch_data_engine.h)
+class TorchConventionEngine;  // the drop-in's bridge (torch_data/src/torch_data_engine.h)
 }  // namespace detail
 
 class DataLoader {

@@ -234,7 +234,7 @@ class TorchSamplerAdapter final : public DrawnOrderSampler {
 
 // --- The engine and the loader.
 
-class TorchConventionEngine;  // loader/src/torch_data_engine.h (not installed)
+class TorchConventionEngine;  // torch_data/src/torch_data_engine.h (not installed)
 struct DropInOptions;         // the options resolved once (the same header)
 
 // The collated path's engine, type-erased. Until the tensors' shapes are known, a probe thread

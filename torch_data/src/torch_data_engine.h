@@ -1,5 +1,5 @@
-// loader/src/torch_data_engine.h (detail, not installed): conveyor::DataLoader behind
-// torch::data's conventions, for the drop-in's sources (loader/src/torch_data*.cpp).
+// torch_data/src/torch_data_engine.h (detail, not installed): conveyor::DataLoader behind
+// torch::data's conventions, for the drop-in's sources (torch_data/src/torch_data*.cpp).
 //
 // What it is for: the drop-in's loaders that run on Conveyor's engine (the collated path, once
 // its shapes are known, and SampleSources such as ImageSource) need torch::data's error

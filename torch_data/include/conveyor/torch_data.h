@@ -44,9 +44,10 @@
 // compile with a message saying why.
 // Guarantees, as torch::data's DataLoader:
 //   * DataLoaderOptions has torch's fields, defaults, chaining setters and implicit construction
-//     from a batch size; options() returns the resolved FullDataLoaderOptions (max_jobs defaults to
-//     2 * workers). Options that no path can honour throw std::invalid_argument from
-//     make_data_loader.
+//     from a batch size; options() returns the resolved FullDataLoaderOptions (max_jobs: on the
+//     batched path 2 * workers by default, as torch's; on the collated path and for SampleSources
+//     the batch slots the engine really has). Options that no path can honour throw
+//     std::invalid_argument from make_data_loader.
 //   * Iterators: an input iterator; end() iterators all compare equal; a valid iterator equals
 //     end() once the epoch is exhausted, and equals another valid iterator only if it is a copy of
 //     it; dereferencing or incrementing past the end, or dereferencing/incrementing end(), throws
