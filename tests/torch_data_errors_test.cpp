@@ -215,6 +215,25 @@ TEST(TorchDataErrors, FirstSampleFailureUnderRandomSamplerNamesThatSample) {
   }
 }
 
+// The batch whose sample failed in the shape probe is reported once and passed over, as a
+// worker's failure is: the epoch goes on with the next batch, and that batch is not delivered
+// later even where a second read of the sample would load (issue 22: the engine restarted the
+// epoch at that batch and delivered it).
+TEST(TorchDataErrors, BatchWhoseProbeFailedIsPassedOverNotDeliveredLater) {
+  auto probe = std::make_shared<Probe>();
+  probe->fail_once_at = {0};
+  auto ours = make_data_loader<td::samplers::SequentialSampler>(stacked(8, probe),
+                                                                DataLoaderOptions(2).workers(2));
+  auto it = ours->begin();
+  EXPECT_THROW(*it, WorkerError);
+  std::vector<std::vector<int64_t>> rest;
+  for (; it != ours->end(); ++it) rest.push_back(to_vector(it->target));
+  EXPECT_EQ(rest, (std::vector<std::vector<int64_t>>{{2, 3}, {4, 5}, {6, 7}}));
+  // The next epoch is whole.
+  EXPECT_EQ(epoch_targets(*ours),
+            (std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4, 5}, {6, 7}}));
+}
+
 TEST(TorchDataErrors, SkipPolicySubstitutesAndRecordsTheSample) {
   auto probe = std::make_shared<Probe>();
   probe->fail_at = {3};

@@ -35,6 +35,7 @@ struct BadSample : std::runtime_error {
 // What the copies of a dataset share: failures, delays and who called get() on which copy.
 struct Probe {
   std::set<size_t> fail_at;
+  std::set<size_t> fail_once_at;  // these fail on their first read only (failed_once: read)
   std::set<size_t> odd_shape_at;
   std::chrono::milliseconds delay{0};
   size_t slow_every = 0;     // with delay: only indices divisible by it are slow (0: all)
@@ -44,6 +45,7 @@ struct Probe {
   std::atomic<int> shared_copy_calls{0};  // get() on a copy another thread used before
   std::mutex mutex;
   std::set<std::thread::id> threads;
+  std::set<size_t> failed_once;  // under mutex
 };
 
 // Sample i: data float [3,2,2] filled with i, target int64 i.
@@ -61,6 +63,10 @@ class Numbers : public td::datasets::Dataset<Numbers> {
     }
     if (is_slow(index)) std::this_thread::sleep_for(probe_->delay);
     if (probe_->fail_at.count(index)) throw BadSample(index);
+    if (probe_->fail_once_at.count(index)) {
+      std::lock_guard<std::mutex> lock(probe_->mutex);
+      if (probe_->failed_once.insert(index).second) throw BadSample(index);
+    }
     const auto v = static_cast<double>(index);
     at::Tensor data =
         probe_->odd_shape_at.count(index) ? torch::full({3, 2, 3}, v) : torch::full({3, 2, 2}, v);

@@ -11,8 +11,10 @@
 namespace conveyor {
 
 DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOptions options,
-                       std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine)
+                       std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine,
+                       bool build_now)
     : source_(std::move(source)),
+      copy_engine_(std::move(copy_engine)),
       options_(std::move(options)),
       sampler_(sampler ? std::move(sampler) : SequentialSampler::make()),
       jobs_(options_.slots, options_.chunks_per_batch),
@@ -20,11 +22,18 @@ DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOpt
       gate_(options_.workers),
       reorder_(options_.slots) {
   if (!source_) throw std::invalid_argument("conveyor: DataLoader needs a SampleSource");
+  if (build_now) build();
+}
+
+void DataLoader::Impl::build() {
+  if (built()) return;
+  if (joined_) detail::throw_joined();
   fields_ = source_->fields();
   if (fields_.empty() || fields_.size() > detail::BatchFiller::kMaxFields) {
     throw std::invalid_argument("conveyor: a source must have 1 to " +
                                 std::to_string(detail::BatchFiller::kMaxFields) + " fields");
   }
+  std::unique_ptr<CopyEngine> copy_engine = std::move(copy_engine_);
   if (!copy_engine && options_.device.is_cuda()) {
     copy_engine = make_cuda_copy_engine(options_.device);
   }
@@ -56,13 +65,14 @@ DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOpt
             "): " + ring_mode + ", no copy stage";
     host_.emplace(shared_, fields_, options_.pin_memory);
   }
+  meta_.clear();  // a build() that threw may have made some
   for (size_t i = 0; i < options_.slots; ++i) {
     meta_.push_back(std::make_unique<detail::SlotMeta>());
     meta_.back()->indices.reserve(options_.batch_size);
   }
-  filler_ =
-      std::make_unique<detail::BatchFiller>(*source_, shared_->ring, options_, order_, generation_);
   source_->prepare(options_.workers);
+  filler_ =  // last but the workers: built() from here on
+      std::make_unique<detail::BatchFiller>(*source_, shared_->ring, options_, order_, generation_);
   depth_ = options_.slots;
   if (options_.auto_workers) {
     detail::WorkerTuner::Options tuning;
@@ -94,7 +104,7 @@ void DataLoader::Impl::join() {
   generation_.fetch_add(1);  // workers abandon their batch at the next sample
   gate_.stop();              // parked workers wake and return
   jobs_.stop();
-  shared_->ring.close();
+  if (shared_) shared_->ring.close();
   workers_.clear();  // joins
   stager_.reset();   // drops staged batches, then waits for outstanding copies and callbacks
 }
@@ -119,6 +129,7 @@ LoaderStats DataLoader::Impl::stats() const {
   LoaderStats s;
   s.batches = batches_;
   s.samples = samples_;
+  if (!built()) return s;
   s.errors = filler_->errors();
   s.fill_seconds = filler_->fill_seconds();
   s.wait_seconds = wait_seconds_;
@@ -216,6 +227,24 @@ void DataLoader::Impl::start_epoch() {
   top_up();
 }
 
+void DataLoader::Impl::ensure_started() {
+  if (!started_ || resume_) start_epoch();
+}
+
+DataLoader::Impl::NextBatch DataLoader::Impl::next_batch() const {
+  const size_t first = std::min(order_.size(), next_sequence_ * options_.batch_size);
+  const size_t end = std::min(order_.size(), num_batches_ * options_.batch_size);
+  return {epoch_, next_sequence_,
+          std::span<const size_t>(order_).subspan(first, std::max(first, end) - first)};
+}
+
+void DataLoader::Impl::pass_over(size_t sequence) {
+  CONVEYOR_CHECK(!built() && started_ && sequence == next_sequence_ && sequence < num_batches_,
+                 "only the batch the consumer waits for is passed over, before build()");
+  ++next_sequence_;  // nothing is dispatched before build()
+  dispatched_ = collected_ = next_stage_ = next_sequence_;
+}
+
 void DataLoader::Impl::dispatch(uint32_t slot) {
   CONVEYOR_DEBUG_CHECK(dispatched_ - wanted() < options_.slots,
                        "at most `slots` batches are dispatched and not yet taken for hand-out");
@@ -227,8 +256,9 @@ void DataLoader::Impl::dispatch(uint32_t slot) {
   jobs_.push_batch(slot, chunks);  // after the meta: a worker that pops a job sees it
 }
 
-// Hands every free slot a batch, in order, without blocking.
+// Hands every free slot a batch, in order, without blocking (none before build()).
 void DataLoader::Impl::top_up() {
+  if (!built()) return;
   while (dispatched_ < num_batches_ && dispatched_ - wanted() < depth_) {
     std::optional<uint32_t> slot = shared_->ring.try_acquire();
     if (!slot) return;

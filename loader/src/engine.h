@@ -22,6 +22,9 @@
 //   * generation_ changes whenever an epoch starts or is cancelled; a worker that sees a change
 //     abandons its chunk at the next sample. cancel_epoch() returns only once every dispatched
 //     batch has been collected back, so no worker touches the old epoch's slots afterwards.
+//   * Before build() (the drop-in's collated path, until it knows the tensors' shapes) there is
+//     no ring and no worker: nothing is dispatched, so dispatched_ == collected_ ==
+//     next_sequence_, and only epochs, their order and positions change.
 // Thread safety: every member function runs on the consumer thread, except worker_loop (workers)
 // and stats() (any thread; the consumer-only counters it reads are then approximate).
 // Waiting: every wait of the consumer ends by a deadline (the caller's, for poll(), and the
@@ -36,6 +39,7 @@
 #include <exception>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,9 +69,32 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 class DataLoader::Impl {
  public:
   // `options` were resolved by resolve_options() (DataLoader's constructor, or the drop-in).
+  // `build_now` false: the source's fields are not known yet (the drop-in's collated path learns
+  // them by reading a sample). Epochs, their order and checkpoints work at once (start_epoch,
+  // next_batch, pass_over, save, load); build() makes the rest once the fields are known.
   Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOptions options,
-       std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine);
+       std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine,
+       bool build_now = true);
   ~Impl();
+
+  // Reads the source's fields and builds the ring, the copy stage and the workers (once).
+  void build();
+  bool built() const { return filler_ != nullptr; }
+  // Starts an epoch unless one is under way (nothing started yet, or load() since): what next()
+  // and poll() do first.
+  void ensure_started();
+  // The batch the consumer waits for in the current epoch: its number, and the epoch's order from
+  // its first sample to the end of the epoch's last batch (empty once the epoch has no batch left).
+  struct NextBatch {
+    uint64_t epoch;
+    size_t sequence;
+    std::span<const size_t> order;
+  };
+  NextBatch next_batch() const;
+  // Before build() only: batch `sequence`, the one the consumer waits for, failed outside the
+  // engine and its failure was reported; the epoch goes on with the batch after it (save() counts
+  // it as received, as it does a batch whose worker failed).
+  void pass_over(size_t sequence);
 
   void start_epoch();
   std::optional<Batch> next();
@@ -86,8 +113,8 @@ class DataLoader::Impl {
   size_t batches_per_epoch() const;
   size_t workers() const { return workers_.size(); }
   const LoaderOptions& options() const { return options_; }
-  size_t pinned_bytes() const { return shared_->ring.bytes(); }
-  bool is_pinned() const { return shared_->ring.is_pinned(); }
+  size_t pinned_bytes() const { return shared_ ? shared_->ring.bytes() : 0; }
+  bool is_pinned() const { return shared_ && shared_->ring.is_pinned(); }
   const std::string& mode() const { return mode_; }
   LoaderStats stats() const;
 
@@ -137,9 +164,10 @@ class DataLoader::Impl {
   EpochStart next_epoch_start() const;
 
   std::shared_ptr<SampleSource> source_;
+  std::unique_ptr<CopyEngine> copy_engine_;  // given to the copy stage by build()
   std::vector<FieldSpec> fields_;
   detail::ResolvedOptions options_;
-  std::string mode_;  // mode(), fixed at construction
+  std::string mode_;  // mode(), fixed by build()
   std::unique_ptr<Sampler> sampler_;
   std::shared_ptr<detail::SharedRing> shared_;    // outlives the loader while batches view it
   std::unique_ptr<detail::DeviceStager> stager_;  // null on the CPU path; before shared_ dies

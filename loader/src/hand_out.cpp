@@ -97,12 +97,13 @@ std::optional<Batch> DataLoader::Impl::next() {
 
 DataLoader::Poll DataLoader::Impl::poll_until(Clock::time_point deadline) {
   if (joined_) detail::throw_joined();
-  if (!started_ || resume_) start_epoch();
+  ensure_started();
   DataLoader::Poll result;
   if (next_sequence_ >= num_batches_) {
     result.end = true;
     return result;
   }
+  CONVEYOR_CHECK(built(), "batches are waited for only once the engine is built");
   // The loader's timeout runs from the first wait for this batch, across polls.
   const auto now = Clock::now();
   if (!waiting_since_) waiting_since_ = now;

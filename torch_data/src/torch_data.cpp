@@ -86,40 +86,31 @@ void pin_tensor(at::Tensor& tensor) {
 
 TorchConventionEngine::TorchConventionEngine(std::shared_ptr<SampleSource> source,
                                              std::unique_ptr<Sampler> sampler,
-                                             const DropInOptions& options, std::string path)
+                                             const DropInOptions& options, std::string path,
+                                             bool build_now)
     : options_(options.user),
       path_(std::move(path)),
       max_jobs_(options.max_jobs()),
       loader_(std::make_unique<DataLoader::Impl>(
           source ? std::move(source)
                  : throw std::invalid_argument("conveyor: make_data_loader needs a dataset"),
-          options.engine, std::move(sampler), nullptr)) {}
+          options.engine, std::move(sampler), nullptr, build_now)) {}
 
-void TorchConventionEngine::start_epoch(std::optional<uint64_t> epoch,
-                                        std::vector<size_t> reported) {
+void TorchConventionEngine::start_epoch() {
   if (joined_) throw_joined();
-  if (epoch) loader_.set_epoch(*epoch);
   loader_.start_epoch();
-  reported_ = std::move(reported);
 }
 
 std::optional<Batch> TorchConventionEngine::next() {
   if (joined_) throw_joined();
-  for (;;) {
-    try {
-      return loader_.next();
-    } catch (const SampleError& e) {
-      const auto seen = std::find(reported_.begin(), reported_.end(), e.index());
-      if (seen != reported_.end()) {  // the caller reported this batch's failure already
-        reported_.erase(seen);
-        continue;
-      }
-      // torch::data: with workers the dataset's exception arrives wrapped, without it as it is.
-      if (options_.workers() == 0) e.rethrow_original();
-      throw WorkerError(e.original(), e.index(), e.path(), e.what());
-    } catch (const TimeoutError& e) {
-      throw_torch_timeout(options_.timeout(), e.what());
-    }
+  try {
+    return loader_.next();
+  } catch (const SampleError& e) {
+    // torch::data: with workers the dataset's exception arrives wrapped, without it as it is.
+    if (options_.workers() == 0) e.rethrow_original();
+    throw WorkerError(e.original(), e.index(), e.path(), e.what());
+  } catch (const TimeoutError& e) {
+    throw_torch_timeout(options_.timeout(), e.what());
   }
 }
 
@@ -130,15 +121,6 @@ void TorchConventionEngine::save(torch::serialize::OutputArchive& archive) const
 void TorchConventionEngine::load(torch::serialize::InputArchive& archive) {
   if (joined_) throw_joined();
   loader_.load(archive);
-}
-
-void TorchConventionEngine::resume(uint64_t epoch, size_t received, bool complete) {
-  if (joined_) throw_joined();
-  CheckpointPosition position;
-  position.epoch = epoch;
-  position.received = received;
-  position.complete = complete;
-  loader_.impl_->resume(position);
 }
 
 void TorchConventionEngine::join() {

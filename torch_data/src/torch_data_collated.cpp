@@ -1,6 +1,6 @@
 // The drop-in's collated path, non-template parts: tensors written into slot rows, the torch
 // sampler's kept (and checkpointed) order, and CollatedEngine's shape probe (a background thread,
-// waited for at most `timeout`) and checkpoints.
+// waited for at most `timeout`) over the engine's epochs.
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -13,6 +13,7 @@
 
 #include "checkpoint.h"
 #include "conveyor/torch_data.h"
+#include "engine.h"
 #include "errors.h"
 #include "options.h"
 #include "torch_data_engine.h"
@@ -32,11 +33,6 @@ std::string describe_spec(const FieldSpec& spec) {
   std::ostringstream out;
   out << c10::toString(spec.dtype) << " " << c10::IntArrayRef(spec.sample_shape) << " on cpu";
   return out.str();
-}
-
-// What shapes the order, for checkpoints (loader/src/checkpoint.h).
-OrderShape shape_of(const DataLoaderOptions& options, size_t dataset_size) {
-  return {options.seed(), options.batch_size(), options.drop_last(), dataset_size};
 }
 
 }  // namespace
@@ -106,7 +102,20 @@ void DrawnOrderSampler::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void DrawnOrderSampler::check(torch::serialize::InputArchive& archive) const {
-  (void)read(archive);
+  const SavedOrder order = read(archive);
+  const CheckpointPosition saved = read_position(archive, dataset_size_);  // the engine's reader
+  if (saved.base != 0 || saved.world != 1) {
+    throw std::invalid_argument("conveyor: the checkpoint's position (order base " +
+                                std::to_string(saved.base) + ", world size " +
+                                std::to_string(saved.world) +
+                                ") is not one a loader over a torch dataset saves");
+  }
+  if (!saved.complete && saved.received > 0 && order.epoch != saved.epoch) {
+    throw std::invalid_argument("conveyor: the checkpoint's 'sampler_order_epoch' is " +
+                                (order.epoch ? std::to_string(*order.epoch) : std::string("-1")) +
+                                " but its epoch " + std::to_string(saved.epoch) +
+                                " is under way: the order of that epoch is missing");
+  }
 }
 
 DrawnOrderSampler::SavedOrder DrawnOrderSampler::read(
@@ -154,74 +163,43 @@ void DrawnOrderSampler::restore(SavedOrder saved) {
 CollatedEngine::CollatedEngine(std::shared_ptr<ProbedSource> source,
                                std::unique_ptr<DrawnOrderSampler> sampler,
                                const DataLoaderOptions& options)
-    : source_(std::move(source)),
-      sampler_(std::move(sampler)),
-      drawn_(sampler_.get()),
-      options_(options),
-      resolved_(std::make_unique<const DropInOptions>(resolve_drop_in(options))) {
+    : source_(std::move(source)), drawn_(sampler.get()), options_(options) {
   if (!source_) throw std::invalid_argument("conveyor: make_data_loader needs a dataset");
-  if (!sampler_) throw std::invalid_argument("conveyor: make_data_loader needs a sampler");
+  if (!sampler) throw std::invalid_argument("conveyor: make_data_loader needs a sampler");
+  engine_ = std::make_unique<TorchConventionEngine>(source_, std::move(sampler),
+                                                    resolve_drop_in(options), "collated",
+                                                    /*build_now=*/false);
 }
 
 CollatedEngine::~CollatedEngine() = default;
 
-size_t CollatedEngine::max_jobs() const { return resolved_->max_jobs(); }
+size_t CollatedEngine::max_jobs() const { return engine_->max_jobs(); }
 
 void CollatedEngine::start_epoch() {
   if (joined_) throw_joined();
-  if (engine_) {
-    engine_->start_epoch();
-    return;
-  }
-  // The engine's epoch numbering: 0, then one more per start_epoch(), or where a loaded position
-  // says (as DataLoader's). A sampler that throws leaves the current epoch as it was.
-  uint64_t epoch = started_ ? epoch_ + 1 : 0;
-  size_t first = 0;
-  if (resume_) {
-    epoch = resume_->complete ? resume_->epoch + 1 : resume_->epoch;
-    if (!resume_->complete) first = resume_->received;
-  }
-  std::vector<size_t> order;
-  sampler_->indices(source_->size(), epoch, order);
-  epoch_ = epoch;
-  started_ = true;
-  ++generation_;
-  order_.swap(order);
-  const size_t b = options_.batch_size();
-  batches_ = options_.drop_last() ? order_.size() / b : (order_.size() + b - 1) / b;
-  next_batch_ = std::min(first, batches_);  // nothing before a resumed batch is read
-  engine_resume_.reset();
-  if (first > 0) engine_resume_ = Position{epoch, first, false};
-  resume_.reset();
-  reported_.clear();
+  engine_->start_epoch();
   // A probe still reading a replaced epoch's sample goes on: any sample tells the shapes.
-  if (!probe_.valid() && next_batch_ < batches_) start_probe();
+  if (!engine_->impl().built() && !probe_.valid() && !engine_->impl().next_batch().order.empty()) {
+    start_probe();
+  }
 }
 
 void CollatedEngine::start_probe() {
-  // The first sample of batch next_batch_; with kSkip, the following ones too, as substitutes.
-  const size_t b = options_.batch_size();
-  const size_t first = next_batch_ * b;
-  const size_t end = std::min(order_.size(), batches_ * b);
-  const size_t tries = options_.on_error() == ErrorPolicy::kSkip
-                           ? std::min(end - first, 1 + options_.max_substitutes())
-                           : 1;
-  std::vector<size_t> candidates(order_.begin() + static_cast<std::ptrdiff_t>(first),
-                                 order_.begin() + static_cast<std::ptrdiff_t>(first + tries));
-  for (size_t index : candidates) {
-    if (index >= source_->size()) {
-      throw std::out_of_range("conveyor: the sampler yielded index " + std::to_string(index) +
-                              " but the dataset has " + std::to_string(source_->size()) +
-                              " samples");
-    }
-  }
-  probe_epoch_ = epoch_;
-  probe_batch_ = next_batch_;
+  // The first sample of the batch the engine waits for; with kSkip, the following ones too, as
+  // substitutes. The engine checked every index of the order against the dataset's size.
+  const auto next = engine_->impl().next_batch();  // DataLoader::Impl::NextBatch
+  const LoaderOptions& o = engine_->impl().options();
+  const size_t tries =
+      o.on_error == ErrorPolicy::kSkip ? std::min(next.order.size(), 1 + o.max_substitutes) : 1;
+  std::vector<size_t> candidates(next.order.begin(),
+                                 next.order.begin() + static_cast<std::ptrdiff_t>(tries));
+  probe_epoch_ = next.epoch;
+  probe_batch_ = next.sequence;
   probe_index_ = candidates.front();
   ProbeOutcome outcome;
-  outcome.epoch = epoch_;
-  outcome.generation = generation_;
-  outcome.batch = next_batch_;
+  outcome.epoch = next.epoch;
+  outcome.run = engine_->impl().runs();
+  outcome.batch = next.sequence;
   // The task owns everything it touches (its copy of the dataset, the candidates), so it never
   // depends on this object; probe_'s destructor waits for it.
   probe_ = std::async(std::launch::async, [read = source_->field_reader(),
@@ -245,35 +223,24 @@ void CollatedEngine::start_probe() {
 bool CollatedEngine::build_engine() {
   const auto timeout = options_.timeout();
   const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(std::chrono::hours(0));
+  auto& engine = engine_->impl();  // DataLoader::Impl
   for (;;) {
     if (!probe_.valid()) {
-      if (next_batch_ >= batches_) return false;  // every batch of this epoch failed, reported
+      if (engine.next_batch().order.empty()) return false;  // no batch left in this epoch
       start_probe();
     }
     if (timeout && probe_.wait_until(deadline) != std::future_status::ready) throw_probe_timeout();
     ProbeOutcome outcome = probe_.get();  // probe_ is no longer valid
     if (outcome.fields.empty()) {
-      if (outcome.generation != generation_) continue;  // a replaced epoch's failure: probe this
-      next_batch_ = outcome.batch + 1;
-      reported_.push_back(outcome.index);
+      if (outcome.run != engine.runs()) continue;  // a replaced epoch's failure: probe this one
+      engine.pass_over(outcome.batch);
       throw_probe_failure(outcome);
     }
     source_->set_fields(std::move(outcome.fields), outcome.index);
-    engine_ = std::make_unique<TorchConventionEngine>(source_, std::move(sampler_), *resolved_,
-                                                      "collated");
-    if (engine_resume_) {
-      // The epoch resumes at a later batch. The sampler's order for it is the one kept (restored
-      // by load()).
-      engine_->resume(engine_resume_->epoch, engine_resume_->received, engine_resume_->complete);
-      engine_resume_.reset();
-      engine_->start_epoch(std::nullopt, std::move(reported_));
-    } else {
-      engine_->start_epoch(epoch_, std::move(reported_));
-    }
+    engine.build();
     return true;
   }
 }
-
 void CollatedEngine::throw_probe_timeout() const {
   const std::string ms = std::to_string(options_.timeout() ? options_.timeout()->count() : 0);
   throw_torch_timeout(
@@ -296,97 +263,32 @@ void CollatedEngine::throw_probe_failure(const ProbeOutcome& outcome) const {
 
 std::optional<Batch> CollatedEngine::next() {
   if (joined_) throw_joined();
-  if (!engine_) {
-    if (!started_ || resume_) start_epoch();
+  if (!engine_->impl().built()) {
+    engine_->impl().ensure_started();
     if (!build_engine()) return std::nullopt;
   }
   return engine_->next();
 }
 
-// ---------------------------------------------------------------------------------------------
-// Checkpoints
-
-void CollatedEngine::write_position(torch::serialize::OutputArchive& archive,
-                                    const Position& p) const {
-  // DataLoader::save's format for one process (order base 0, world size 1); tests/
-  // torch_data_resume_test.cpp loads a checkpoint saved before the engine existed into one that
-  // has it (DataLoader::load), and the other way round.
-  CheckpointPosition position;
-  position.epoch = p.epoch;
-  position.received = p.received;
-  position.complete = p.complete;
-  detail::write_position(archive, position, shape_of(options_, source_->size()));
-  drawn_->save(archive);
-}
-
-CollatedEngine::Position CollatedEngine::read_position(torch::serialize::InputArchive& archive,
-                                                       DrawnOrderSampler::SavedOrder& order) const {
-  // In DataLoader::load's order, so that both name the same field first.
-  check_shape(archive, shape_of(options_, source_->size()));
-  order = drawn_->read(archive);
-  const CheckpointPosition saved = detail::read_position(archive, source_->size());
-  if (saved.base != 0 || saved.world != 1) {
-    throw std::invalid_argument("conveyor: the checkpoint's position (order base " +
-                                std::to_string(saved.base) + ", world size " +
-                                std::to_string(saved.world) +
-                                ") is not one a loader over a torch dataset saves");
-  }
-  Position p;
-  p.epoch = saved.epoch;
-  p.received = saved.received;
-  p.complete = saved.complete;
-  if (!p.complete && p.received > 0 && order.epoch != p.epoch) {
-    throw std::invalid_argument("conveyor: the checkpoint's 'sampler_order_epoch' is " +
-                                (order.epoch ? std::to_string(*order.epoch) : std::string("-1")) +
-                                " but its epoch " + std::to_string(p.epoch) +
-                                " is under way: the order of that epoch is missing");
-  }
-  return p;
-}
-
 void CollatedEngine::save(torch::serialize::OutputArchive& archive) const {
-  if (engine_) {
-    engine_->save(archive);
-    return;
-  }
-  Position p;  // not started: epoch 0 from its first batch
-  if (resume_) {
-    p = *resume_;  // loaded and not applied yet
-  } else if (started_) {
-    p.epoch = epoch_;
-    p.received = next_batch_;  // only failures (the probe's) were reported so far
-    p.complete = next_batch_ >= batches_;
-    if (!options_.enforce_ordering() && p.received > 0 && !p.complete) {
-      throw std::logic_error(
-          "conveyor: save() mid-epoch needs enforce_ordering: without it batches arrive out of "
-          "order, so the number received does not say which ones were");
-    }
-  }
-  write_position(archive, p);
+  engine_->save(archive);
 }
 
 void CollatedEngine::load(torch::serialize::InputArchive& archive) {
   if (joined_) throw_joined();
-  // Everything is read and checked before anything changes.
-  DrawnOrderSampler::SavedOrder order;
-  const Position p = read_position(archive, order);
-  if (engine_) {
-    engine_->resume(p.epoch, p.received, p.complete);
-  } else {
-    resume_ = p;
-  }
-  drawn_->restore(std::move(order));
+  engine_->load(archive);                  // reads and checks everything (the order too) first
+  drawn_->restore(drawn_->read(archive));  // checked by the engine's load
 }
 
 void CollatedEngine::join() {
   joined_ = true;
-  if (engine_) engine_->join();
+  engine_->join();
 }
 
-LoaderStats CollatedEngine::stats() const { return engine_ ? engine_->stats() : LoaderStats{}; }
+LoaderStats CollatedEngine::stats() const { return engine_->stats(); }
 
 std::string CollatedEngine::mode() const {
-  if (engine_) return engine_->mode();
+  if (engine_->impl().built()) return engine_->mode();
   return "collated: not started (the engine starts on the first batch, once a background thread "
          "has read one sample to learn the shapes of the batch's tensors)";
 }

@@ -5,7 +5,9 @@
 // its shapes are known, and SampleSources such as ImageSource) need torch::data's error
 // conventions on top of conveyor::DataLoader; this is the one place that translates them.
 //
-// Requires: the source's fields() are known when it is constructed (it builds the engine).
+// Requires: the source's fields() are known when it is constructed, or (build_now false) by the
+// time the caller calls impl().build(); until then the engine keeps the epochs, their order and
+// the checkpoints, and no batch is waited for.
 // Guarantees: a sample's failure arrives as conveyor::WorkerError (with workers == 0, the
 // dataset's own exception, unwrapped, as torch::data does); a batch that does not arrive within
 // `timeout` throws torch's c10::Error ("Timeout in DataLoader queue while waiting for next batch
@@ -45,18 +47,16 @@ class TorchConventionEngine {
  public:
   // `path` names the drop-in's path in mode(): "collated" (a torch dataset) or "source".
   TorchConventionEngine(std::shared_ptr<SampleSource> source, std::unique_ptr<Sampler> sampler,
-                        const DropInOptions& options, std::string path);
-  // Starts the next epoch, or `epoch` when given. `reported`: samples of that epoch whose failure
-  // the caller has already reported; the batch each one fails is passed over once.
-  void start_epoch(std::optional<uint64_t> epoch = std::nullopt, std::vector<size_t> reported = {});
+                        const DropInOptions& options, std::string path, bool build_now = true);
+  void start_epoch();
   std::optional<Batch> next();
   // DataLoader::save and DataLoader::load (which see).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
-  // What load() does once the archive is read: the next start_epoch() continues `epoch` after
-  // its `received` batches (or, when `complete`, starts the one after it).
-  void resume(uint64_t epoch, size_t received, bool complete);
   void join();
+  // The engine itself: its epoch, order and build (loader/src/engine.h).
+  DataLoader::Impl& impl() { return *loader_.impl_; }
+  const DataLoader::Impl& impl() const { return *loader_.impl_; }
   LoaderStats stats() const;
   // The path's name, ": ", and the engine's mode.
   std::string mode() const;
@@ -67,7 +67,6 @@ class TorchConventionEngine {
   std::string path_;
   size_t max_jobs_;
   DataLoader loader_;
-  std::vector<size_t> reported_;
   bool joined_ = false;
 };
 

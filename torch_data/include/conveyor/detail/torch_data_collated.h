@@ -9,9 +9,9 @@
 // are CPU tensors with the shapes and dtypes of the sample the probe read.
 // Guarantees: the shapes are learnt on a background thread that the loader owns (CollatedEngine),
 // waited for at most `timeout`; a failure there is reported as the failure of that sample, in
-// its batch and epoch, as a worker's would be, and that batch is not reported twice. Checkpoints
-// carry the torch sampler's order of the current epoch whole (DrawnOrderSampler), and work
-// whether or not the engine was built yet.
+// its batch and epoch, as a worker's would be, and the engine passes that batch over. Epochs,
+// positions and checkpoints are the engine's (conveyor::DataLoader's) alone; a checkpoint carries
+// the torch sampler's order of the current epoch whole (DrawnOrderSampler).
 // Thread safety: CollatedDataLoader is used by one consumer thread; TorchExampleSource's
 // write_sample is called by the workers, each on its own copy of the dataset.
 #pragma once
@@ -189,7 +189,9 @@ class DrawnOrderSampler : public Sampler {
   // Writes "sampler" ("torch"), "sampler_order_epoch" (-1 when nothing was drawn) and
   // "sampler_order" (that epoch's whole order, an int64 tensor).
   void save(torch::serialize::OutputArchive& archive) const override;
-  // Throws std::invalid_argument naming the field unless read() accepts the archive.
+  // Throws std::invalid_argument naming the field unless read() accepts the archive and its
+  // position (DataLoader::save's) is one this order serves: one process's, and, mid-epoch, in
+  // the epoch whose order it holds.
   void check(torch::serialize::InputArchive& archive) const override;
   // The order in `archive`, checked (every index below the dataset's size).
   SavedOrder read(torch::serialize::InputArchive& archive) const;
@@ -235,13 +237,13 @@ class TorchSamplerAdapter final : public DrawnOrderSampler {
 // --- The engine and the loader.
 
 class TorchConventionEngine;  // torch_data/src/torch_data_engine.h (not installed)
-struct DropInOptions;         // the options resolved once (the same header)
 
-// The collated path's engine, type-erased. Until the tensors' shapes are known, a probe thread
-// owned by this object reads the first sample of the epoch's first batch not yet reported (the
-// first index of the sampler's order, at first) on its own copy of the dataset; the consumer
-// waits for it at most `timeout` per call. Then conveyor::DataLoader, behind
-// TorchConventionEngine, runs every epoch. Destruction waits for a probe in flight (one sample).
+// The collated path's engine, type-erased: conveyor::DataLoader's engine, behind
+// TorchConventionEngine, whose epochs, order and checkpoints it is from the start; the engine's
+// ring and workers are built once the tensors' shapes are known. Until then a probe thread owned
+// by this object reads the first sample of the batch the engine waits for (the first index of
+// the sampler's order, at first) on its own copy of the dataset; the consumer waits for it at most
+// `timeout` per call. Destruction waits for a probe in flight (one sample).
 class CollatedEngine {
  public:
   CollatedEngine(std::shared_ptr<ProbedSource> source, std::unique_ptr<DrawnOrderSampler> sampler,
@@ -251,11 +253,8 @@ class CollatedEngine {
   CollatedEngine& operator=(const CollatedEngine&) = delete;
   void start_epoch();
   std::optional<Batch> next();
-  // TorchDataLoader::save/load. Before the engine is built (nothing delivered yet, or only the
-  // probe's failures) the position is this object's and is written in DataLoader::save's format;
-  // a position loaded then is applied by the next start_epoch(), and handed to the engine when
-  // the probe has built it. Afterwards both go to the engine. Either way the sampler's order is
-  // restored at once.
+  // TorchDataLoader::save/load: the engine's (DataLoader's), built or not; load() restores the
+  // sampler's order too.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
   void join();
@@ -270,46 +269,22 @@ class CollatedEngine {
     size_t index = 0;               // the sample that told the fields, or the first that failed
     size_t batch = 0;               // the batch of `index` in `epoch`
     uint64_t epoch = 0;
-    uint64_t generation = 0;   // the start_epoch() it was started for
+    uint64_t run = 0;          // the engine's runs() it was started in
     std::exception_ptr error;  // the first failure
   };
-  // A position in the engine's terms (DataLoader's, for one process).
-  struct Position {
-    uint64_t epoch = 0;
-    size_t received = 0;  // batches delivered (or reported failed) in `epoch`
-    bool complete = false;
-  };
-  // Waits for the probe (starting one for the current epoch if none runs) until the engine is
-  // built; false when the current epoch has no batch left to deliver.
+  // Waits for the probe (starting one for the batch the engine waits for if none runs) until the
+  // engine is built; false when the current epoch has no batch left to deliver.
   bool build_engine();
   void start_probe();
   [[noreturn]] void throw_probe_timeout() const;
   [[noreturn]] void throw_probe_failure(const ProbeOutcome& outcome) const;
-  // DataLoader::save's format (loader/src/checkpoint.cpp), with the sampler's order.
-  void write_position(torch::serialize::OutputArchive& archive, const Position& p) const;
-  // Checks `archive` as DataLoader::load does (and that it is a one-process position), naming the
-  // field that does not fit; the sampler's order goes to `order`.
-  Position read_position(torch::serialize::InputArchive& archive,
-                         DrawnOrderSampler::SavedOrder& order) const;
 
   std::shared_ptr<ProbedSource> source_;
-  std::unique_ptr<DrawnOrderSampler> sampler_;  // until the engine is built
-  DrawnOrderSampler* drawn_;                    // the sampler, wherever it is
+  DrawnOrderSampler* drawn_;  // the sampler, which the engine owns
   DataLoaderOptions options_;
-  std::unique_ptr<const DropInOptions> resolved_;  // options_, resolved once
   bool joined_ = false;
-  // The current epoch, until the engine is built.
-  bool started_ = false;
-  uint64_t epoch_ = 0;
-  uint64_t generation_ = 0;  // start_epoch() calls
-  std::vector<size_t> order_;
-  size_t batches_ = 0;                     // batches in the epoch
-  size_t next_batch_ = 0;                  // the first batch whose failure was not yet reported
-  std::vector<size_t> reported_;           // samples whose failure the probe reported this epoch
-  std::optional<Position> resume_;         // loaded; applied by the next start_epoch()
-  std::optional<Position> engine_resume_;  // the current epoch resumed at a later batch
-  uint64_t probe_epoch_ = 0;               // the probe in flight reads sample probe_index_ of
-  size_t probe_batch_ = 0;                 // batch probe_batch_ in epoch probe_epoch_
+  uint64_t probe_epoch_ = 0;  // the probe in flight reads sample probe_index_ of
+  size_t probe_batch_ = 0;    // batch probe_batch_ in epoch probe_epoch_
   size_t probe_index_ = 0;
   std::unique_ptr<TorchConventionEngine> engine_;
   std::future<ProbeOutcome> probe_;  // last: destroyed first, waiting for the sample read
