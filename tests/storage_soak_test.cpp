@@ -43,6 +43,22 @@ using testing::FaultStorage;
 using testing::finishes_within;
 using namespace testing::shards;
 
+// Under ThreadSanitizer resident memory is the sanitizer's as much as the loader's: its runtime
+// keeps shadow memory and the traces of threads that have ended (each loader starts and joins its
+// workers), so it grew by 90 MB after the baseline in a 20 s run whose release build stays flat.
+// There only threads and descriptors are held flat; every other build checks memory as well.
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kMemoryIsTheLoaders = false;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr bool kMemoryIsTheLoaders = false;
+#else
+constexpr bool kMemoryIsTheLoaders = true;
+#endif
+#else
+constexpr bool kMemoryIsTheLoaders = true;
+#endif
+
 // This process's resources, as /proc counts them.
 struct Resources {
   size_t rss_kb = 0;
@@ -371,7 +387,9 @@ TEST(StorageSoak, BrokenEpochsResumesAndInjectedFaultsLeaveResourcesFlatAndCover
       // few loaders' slots and the allocator's slack.
       ASSERT_LE(now.threads, baseline.threads) << "after: " << line;
       ASSERT_LE(now.fds, baseline.fds) << "after: " << line;
-      ASSERT_LE(now.rss_kb, baseline.rss_kb + 64 * 1024) << "after: " << line;
+      if (kMemoryIsTheLoaders) {
+        ASSERT_LE(now.rss_kb, baseline.rss_kb + 64 * 1024) << "after: " << line;
+      }
     }
     if (!halfway && soak.steps() > 20 &&
         std::chrono::steady_clock::now() - start > std::chrono::seconds(seconds) / 2) {
@@ -389,7 +407,9 @@ TEST(StorageSoak, BrokenEpochsResumesAndInjectedFaultsLeaveResourcesFlatAndCover
   EXPECT_LE(final_resources.threads, baseline.threads);
   EXPECT_LE(final_resources.fds, baseline.fds);
   // Flat: the second half of the run grew resident memory by less than 16 MB.
-  if (halfway) {
+  if (!kMemoryIsTheLoaders) {
+    std::printf("storage soak: resident memory not checked under ThreadSanitizer\n");
+  } else if (halfway) {
     EXPECT_LE(final_resources.rss_kb, half.rss_kb + 16 * 1024);
   }
 }
