@@ -174,6 +174,19 @@ TEST(ShardsTest, BraceNotation) {
   EXPECT_THROW(expand_shard_braces("a-{000..001.tar"), std::invalid_argument);
   EXPECT_THROW(expand_shard_braces("a-}.tar"), std::invalid_argument);
 
+  // Too much to expand is refused before it is built, by count or by text, and for several
+  // patterns together (the shard fuzzer's out-of-memory: a million long names).
+  EXPECT_EQ(expand_shard_braces("{0..999}{0..999}").size(), 1'000'000u);
+  EXPECT_THROW(expand_shard_braces("{0..999}{0..1000}"), std::invalid_argument);
+  const std::string long_name = "/data/" + std::string(100, 'x') + "-{0..999999}.tar";
+  try {
+    expand_shard_braces(long_name);
+    ADD_FAILURE() << "64 MiB of names expanded";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("64 MiB"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(expand_shard_locations({"a-{0..599999}", "b-{0..599999}"}), std::invalid_argument);
+
   Prepared p;
   ASSERT_EQ(p.result.status, 0) << p.result.err;
   const auto shards = p.shard_paths();
@@ -190,6 +203,17 @@ TEST(ShardsTest, BraceNotation) {
     EXPECT_EQ(braced->describe(i), listed->describe(i));
     EXPECT_EQ(url->describe(i), listed->describe(i));
   }
+  // A file:// URL whose path reads like a URL (a folder "x:" and in it "y", named as "x://y")
+  // finds its index.
+  const fs::path odd = p.dir / "x:" / "y";
+  fs::create_directories(odd);
+  fs::copy(p.prefix.parent_path(), odd, fs::copy_options::recursive);
+  const std::string odd_url = "file://" + (p.dir / "x:").string() + "//y/train-";
+  auto odd_shards =
+      ImageSource::tar_shards({odd_url + "{000000.." + last + "}.tar"}, small_train());
+  ASSERT_EQ(odd_shards->size(), listed->size());
+  EXPECT_NE(odd_shards->describe(0).find("x://y/train-000000.tar"), std::string::npos)
+      << odd_shards->describe(0);
   // A subset of the shards is a dataset of their samples.
   auto first = ImageSource::tar_shards({shards[0]}, small_train());
   EXPECT_GT(first->size(), 0u);

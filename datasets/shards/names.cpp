@@ -18,7 +18,26 @@ namespace conveyor {
 
 namespace {
 
-constexpr size_t kMaxNames = 1'000'000;  // one pattern names at most this many shards
+// What shard names may expand to, in all: at most this many names and this much text. A fuzzed
+// 6 kB argument such as "{0..999999}/{0..999999}..." stayed within the names but not the text.
+constexpr size_t kMaxNames = 1'000'000;
+constexpr size_t kMaxBytes = size_t{64} << 20;
+
+size_t text_size(const std::vector<std::string>& names) {
+  size_t bytes = 0;
+  for (const auto& n : names) bytes += n.size();
+  return bytes;
+}
+
+// The one check of that limit.
+void check_expansion(const std::string& pattern, unsigned long long names,
+                     unsigned long long bytes) {
+  if (names <= kMaxNames && bytes <= kMaxBytes) return;
+  throw std::invalid_argument("shard pattern " + pattern.substr(0, 200) +
+                              (pattern.size() > 200 ? "..." : "") + ": expands to more than " +
+                              std::to_string(kMaxNames) + " names or " +
+                              std::to_string(kMaxBytes >> 20) + " MiB of names");
+}
 
 bool all_digits(const std::string& s) {
   if (s.empty()) return false;
@@ -60,10 +79,8 @@ std::vector<std::string> brace_alternatives(const std::string& pattern, const st
       const bool padded = (a.size() > 1 && a[0] == '0') || (b.size() > 1 && b[0] == '0');
       const size_t width = padded ? std::max(a.size(), b.size()) : 0;
       const long long step = from <= to ? 1 : -1;
-      if (static_cast<unsigned long long>((to - from) * step) >= kMaxNames) {
-        throw std::invalid_argument("shard pattern " + pattern + ": more than " +
-                                    std::to_string(kMaxNames) + " names");
-      }
+      const unsigned long long count = static_cast<unsigned long long>((to - from) * step) + 1;
+      check_expansion(pattern, count, count * std::max(a.size(), b.size()));
       std::vector<std::string> out;
       for (long long v = from;; v += step) {
         std::string text = std::to_string(v);
@@ -77,12 +94,12 @@ std::vector<std::string> brace_alternatives(const std::string& pattern, const st
   std::vector<std::string> parts = split_top_level(body);
   if (parts.size() < 2) return {"{" + body + "}"};  // as bash and braceexpand: kept as text
   std::vector<std::string> out;
+  size_t bytes = 0;
   for (const auto& part : parts) {
-    for (auto& e : expand_shard_braces(part)) out.push_back(std::move(e));
-    if (out.size() > kMaxNames) {
-      throw std::invalid_argument("shard pattern " + pattern + ": more than " +
-                                  std::to_string(kMaxNames) + " names");
-    }
+    std::vector<std::string> expanded = expand_shard_braces(part);
+    bytes += text_size(expanded);
+    check_expansion(pattern, out.size() + expanded.size(), bytes);
+    for (auto& e : expanded) out.push_back(std::move(e));
   }
   return out;
 }
@@ -116,10 +133,13 @@ std::vector<std::string> expand_shard_braces(const std::string& pattern) {
   const std::vector<std::string> rest = expand_shard_braces(pattern.substr(close + 1));
   const std::vector<std::string> alternatives =
       brace_alternatives(pattern, pattern.substr(open + 1, close - open - 1));
-  if (alternatives.size() > kMaxNames / std::max<size_t>(1, rest.size())) {
-    throw std::invalid_argument("shard pattern " + pattern + ": more than " +
-                                std::to_string(kMaxNames) + " names");
-  }
+  // Both lists are within the limit, so neither product below overflows.
+  const unsigned long long names =
+      static_cast<unsigned long long>(alternatives.size()) * rest.size();
+  check_expansion(pattern, names, 0);
+  check_expansion(pattern, names,
+                  names * prefix.size() + text_size(alternatives) * rest.size() +
+                      text_size(rest) * alternatives.size());
   std::vector<std::string> out;
   out.reserve(alternatives.size() * rest.size());
   for (const auto& alternative : alternatives) {
@@ -178,10 +198,12 @@ ShardLocation parse_shard_location(const std::string& shard) {
 
 std::vector<ShardLocation> expand_shard_locations(const std::vector<std::string>& patterns) {
   std::vector<ShardLocation> out;
+  size_t bytes = 0;
   for (const auto& pattern : patterns) {
-    for (const auto& shard : expand_shard_braces(pattern)) {
-      out.push_back(parse_shard_location(shard));
-    }
+    const std::vector<std::string> shards = expand_shard_braces(pattern);
+    bytes += text_size(shards);
+    check_expansion(pattern, out.size() + shards.size(), bytes);  // the limit is for all of them
+    for (const auto& shard : shards) out.push_back(parse_shard_location(shard));
   }
   return out;
 }
@@ -283,8 +305,16 @@ std::string detail::index_location_for(const ShardLocation& shard) {
   }
   const std::string index_name = name.substr(0, dash) + ".index.json";
   switch (shard.kind) {
-    case Kind::kLocal:
-      return (std::filesystem::path(shard.location).parent_path() / index_name).string();
+    case Kind::kLocal: {
+      const std::string path =
+          (std::filesystem::path(shard.location).parent_path() / index_name).string();
+      if (path.find("://") == std::string::npos) return path;
+      // A path that would read as a URL (it came from a file:// URL): written as one again.
+      std::string url = "file://";
+      for (char c : std::filesystem::absolute(path).string())
+        url += c == '%' ? std::string("%25") : std::string(1, c);
+      return url;
+    }
     case Kind::kHttp: {
       const std::string url = shard.location.substr(0, shard.location.find_first_of("?#"));
       return url.substr(0, url.rfind('/') + 1) + index_name;

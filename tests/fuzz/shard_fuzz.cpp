@@ -181,7 +181,8 @@ void parse_names(const std::string& text) {
     conveyor::ShardLocation parsed;
     try {
       parsed = conveyor::parse_shard_location(index);
-    } catch (const std::exception&) {
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "index %s: %s\n", index.c_str(), e.what());
       check(false, "an index location that does not parse", text);
     }
     check(parsed.kind == shard.kind, "an index location of another kind", text);

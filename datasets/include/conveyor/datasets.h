@@ -296,8 +296,8 @@ class ImageSource : public SampleSource {
 // ranges, zero-padded to the wider bound when either bound has a leading zero; descending when
 // the first bound is larger) and "{train,val}.tar" is train.tar, val.tar; several and nested
 // braces expand left to right. Text without braces is returned as it is. Throws
-// std::invalid_argument naming the pattern on an unmatched brace, or when it names more than a
-// million shards.
+// std::invalid_argument naming the pattern on an unmatched brace, or when it expands to more than
+// a million names or 64 MiB of them (expand_shard_locations holds all its patterns to the same).
 std::vector<std::string> expand_shard_braces(const std::string& pattern);
 
 // Where one shard is read from (StorageLocation, conveyor/storage.h): a path or file:// URL, an
