@@ -755,5 +755,135 @@ TEST(Loader, TheTimeoutCountsAcrossPolls) {
   EXPECT_EQ(values(*late), (std::vector<int64_t>{4, 5, 6, 7}));
 }
 
+// A source whose fields are known only once a sample is read (SampleSource::learns_fields): each
+// sample is `width` int64 values, index * 100 + k, and `width` is learnt from the sample read.
+class LearningSource : public SampleSource {
+ public:
+  LearningSource(size_t n, int64_t width) : n_(n), width_(width) {}
+  size_t size() const override { return n_; }
+  bool learns_fields() const override { return true; }
+  std::vector<FieldSpec> fields() const override { return fields_; }
+  std::vector<FieldSpec> learn_fields(size_t index) override {
+    learnt_from.push_back(index);
+    if (delay.count() > 0) std::this_thread::sleep_for(delay);
+    if (fail_at.count(index)) throw std::runtime_error("synthetic failure reading the shapes");
+    fields_ = {{"value", c10::ScalarType::Long, {width_}}};
+    return fields_;
+  }
+  void write_sample(const SampleContext& ctx, std::byte* const* fields) override {
+    auto* out = reinterpret_cast<int64_t*>(fields[0]);
+    for (int64_t k = 0; k < width_; ++k) out[k] = static_cast<int64_t>(ctx.index) * 100 + k;
+  }
+  std::string describe(size_t index) const override {
+    return "/data/row_" + std::to_string(index) + ".bin";
+  }
+
+  std::set<size_t> fail_at;            // set before the loader starts
+  std::chrono::milliseconds delay{0};  // per learn_fields call
+  std::vector<size_t> learnt_from;     // written by the probe thread, read after it
+
+ private:
+  size_t n_;
+  int64_t width_;
+  std::vector<FieldSpec> fields_;
+};
+
+TEST(Loader, ASourceThatLearnsItsFieldsIsReadForThemWhenTheFirstEpochStarts) {
+  auto source = std::make_shared<LearningSource>(10, 3);
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  DataLoader loader(source, o);  // nothing is read yet
+  EXPECT_TRUE(source->learnt_from.empty());
+  EXPECT_NE(loader.mode().find("not started"), std::string::npos) << loader.mode();
+  std::vector<int64_t> seen;
+  for (const Batch& b : loader) {
+    const at::Tensor v = b.field("value");
+    ASSERT_EQ(v.sizes(), (c10::IntArrayRef{static_cast<int64_t>(b.size()), 3}));
+    for (size_t r = 0; r < b.size(); ++r) {
+      for (int64_t k = 0; k < 3; ++k) {
+        EXPECT_EQ(v[static_cast<int64_t>(r)][k].item<int64_t>(),
+                  static_cast<int64_t>(b.indices[r]) * 100 + k);
+      }
+      seen.push_back(static_cast<int64_t>(b.indices[r]));
+    }
+  }
+  EXPECT_EQ(source->learnt_from, (std::vector<size_t>{0}));  // once: the first of the order
+  std::sort(seen.begin(), seen.end());
+  std::vector<int64_t> all(10);
+  std::iota(all.begin(), all.end(), 0);
+  EXPECT_EQ(seen, all);
+  EXPECT_NE(loader.mode().find("host ring"), std::string::npos) << loader.mode();
+  size_t second = 0;
+  for (const Batch& b : loader) second += b.size();  // a second epoch: no new read
+  EXPECT_EQ(second, 10u);
+  EXPECT_EQ(source->learnt_from.size(), 1u);
+}
+
+TEST(Loader, ASampleThatFailsToTellTheFieldsFailsItsBatchAndTheEpochGoesOn) {
+  auto source = std::make_shared<LearningSource>(10, 2);
+  source->fail_at = {0};
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  DataLoader loader(source, o);
+  try {
+    loader.next();
+    ADD_FAILURE() << "expected the failure of sample 0";
+  } catch (const SampleError& e) {
+    EXPECT_EQ(e.index(), 0u);
+    EXPECT_EQ(e.path(), "/data/row_0.bin");
+    const std::string what = e.what();
+    EXPECT_NE(what.find("sample 0 (/data/row_0.bin) failed in batch 0 of epoch 0"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("synthetic failure reading the shapes"), std::string::npos) << what;
+  }
+  std::vector<size_t> rest;  // batch 0 is passed over, not delivered later
+  while (auto b = loader.next()) rest.insert(rest.end(), b->indices.begin(), b->indices.end());
+  EXPECT_EQ(rest, (std::vector<size_t>{4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(source->learnt_from, (std::vector<size_t>{0, 4}));
+
+  // Under kSkip the next samples of the batch are tried, as substitutes are.
+  auto skipping = std::make_shared<LearningSource>(10, 2);
+  skipping->fail_at = {0, 1};
+  o.on_error = ErrorPolicy::kSkip;
+  DataLoader skipper(skipping, o);
+  auto first = skipper.next();
+  ASSERT_TRUE(first);
+  EXPECT_EQ(skipping->learnt_from, (std::vector<size_t>{0, 1, 2}));
+}
+
+TEST(Loader, AProbeSlowerThanTheTimeoutNamesItsSampleAndThenArrives) {
+  auto source = std::make_shared<LearningSource>(8, 1);
+  source->delay = 600ms;
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 1;
+  o.timeout = 100ms;
+  DataLoader loader(source, o);
+  try {
+    loader.next();
+    ADD_FAILURE() << "expected a TimeoutError";
+  } catch (const TimeoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("sample 0 (/data/row_0.bin), the first of batch 0 of epoch 0, read to "
+                        "learn the shapes of the batch's tensors, did not load within 100 ms"),
+              std::string::npos)
+        << what;
+  }
+  // The probe goes on; a later wait gets the batch, read once.
+  std::optional<Batch> batch;
+  for (int i = 0; i < 50 && !batch; ++i) {
+    try {
+      batch = loader.next();
+    } catch (const TimeoutError&) {
+    }
+  }
+  ASSERT_TRUE(batch);
+  EXPECT_EQ(batch->indices, (std::vector<size_t>{0, 1, 2, 3}));
+  EXPECT_EQ(source->learnt_from, (std::vector<size_t>{0}));
+}
+
 }  // namespace
 }  // namespace conveyor

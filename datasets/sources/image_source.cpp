@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 
 #include "conveyor/datasets.h"
 #include "conveyor/internal/trace.h"
@@ -21,6 +22,10 @@ size_t FieldSpec::sample_bytes() const {
 }
 
 std::string SampleSource::describe(size_t index) const { return "sample " + std::to_string(index); }
+
+std::vector<FieldSpec> SampleSource::learn_fields(size_t) {
+  throw std::logic_error("conveyor: learn_fields() on a source whose fields() are known");
+}
 
 struct ImageSource::Worker {
   ImageWriter writer;

@@ -11,8 +11,7 @@
 namespace conveyor {
 
 DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOptions options,
-                       std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine,
-                       bool build_now)
+                       std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine)
     : source_(std::move(source)),
       copy_engine_(std::move(copy_engine)),
       options_(std::move(options)),
@@ -22,7 +21,13 @@ DataLoader::Impl::Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOpt
       gate_(options_.workers),
       reorder_(options_.slots) {
   if (!source_) throw std::invalid_argument("conveyor: DataLoader needs a SampleSource");
-  if (build_now) build();
+  if (source_->learns_fields() && source_->fields().empty()) {
+    mode_ =
+        "not started (the engine starts on the first batch, once a background thread has "
+        "read one sample to learn the shapes of the batch's tensors)";
+    return;
+  }
+  build();
 }
 
 void DataLoader::Impl::build() {
@@ -225,24 +230,13 @@ void DataLoader::Impl::start_epoch() {
   deferred_failure_ = nullptr;
   if (tuner_) tuner_->restart();
   top_up();
+  // The fields are learnt while the consumer is still busy: the probe reads the first sample now
+  // (one still reading a replaced epoch's sample goes on; any sample tells the fields).
+  if (!built() && !probe_.valid() && next_sequence_ < num_batches_) start_probe();
 }
 
 void DataLoader::Impl::ensure_started() {
   if (!started_ || resume_) start_epoch();
-}
-
-DataLoader::Impl::NextBatch DataLoader::Impl::next_batch() const {
-  const size_t first = std::min(order_.size(), next_sequence_ * options_.batch_size);
-  const size_t end = std::min(order_.size(), num_batches_ * options_.batch_size);
-  return {epoch_, next_sequence_,
-          std::span<const size_t>(order_).subspan(first, std::max(first, end) - first)};
-}
-
-void DataLoader::Impl::pass_over(size_t sequence) {
-  CONVEYOR_CHECK(!built() && started_ && sequence == next_sequence_ && sequence < num_batches_,
-                 "only the batch the consumer waits for is passed over, before build()");
-  ++next_sequence_;  // nothing is dispatched before build()
-  dispatched_ = collected_ = next_stage_ = next_sequence_;
 }
 
 void DataLoader::Impl::dispatch(uint32_t slot) {

@@ -22,9 +22,10 @@
 //   * generation_ changes whenever an epoch starts or is cancelled; a worker that sees a change
 //     abandons its chunk at the next sample. cancel_epoch() returns only once every dispatched
 //     batch has been collected back, so no worker touches the old epoch's slots afterwards.
-//   * Before build() (the drop-in's collated path, until it knows the tensors' shapes) there is
-//     no ring and no worker: nothing is dispatched, so dispatched_ == collected_ ==
-//     next_sequence_, and only epochs, their order and positions change.
+//   * Before build() (a source that learns its fields, until it has: the drop-in's collated path)
+//     there is no ring and no worker: nothing is dispatched, so dispatched_ == collected_ ==
+//     next_sequence_, and only epochs, their order and positions change. At most one probe runs,
+//     and only then; it touches only the source (learn_fields) and what it was given.
 // Thread safety: every member function runs on the consumer thread, except worker_loop (workers)
 // and stats() (any thread; the consumer-only counters it reads are then approximate).
 // Waiting: every wait of the consumer ends by a deadline (the caller's, for poll(), and the
@@ -37,6 +38,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <future>
 #include <memory>
 #include <optional>
 #include <span>
@@ -68,43 +70,23 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 class DataLoader::Impl {
  public:
-  // `options` were resolved by resolve_options() (DataLoader's constructor, or the drop-in).
-  // `build_now` false: the source's fields are not known yet (the drop-in's collated path learns
-  // them by reading a sample). Epochs, their order and checkpoints work at once (start_epoch,
-  // next_batch, pass_over, save, load); build() makes the rest once the fields are known.
+  // `options` were resolved by resolve_options() (DataLoader's constructor, or the drop-in). A
+  // source that learns_fields() and has no fields yet is read for them when the first epoch
+  // starts (field_probe.cpp); until they are known, epochs, their order and checkpoints work,
+  // and nothing is dispatched.
   Impl(std::shared_ptr<SampleSource> source, detail::ResolvedOptions options,
-       std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine,
-       bool build_now = true);
+       std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine);
   ~Impl();
 
-  // Reads the source's fields and builds the ring, the copy stage and the workers (once).
-  void build();
-  bool built() const { return filler_ != nullptr; }
   // Starts an epoch unless one is under way (nothing started yet, or load() since): what next()
   // and poll() do first.
   void ensure_started();
-  // The batch the consumer waits for in the current epoch: its number, and the epoch's order from
-  // its first sample to the end of the epoch's last batch (empty once the epoch has no batch left).
-  struct NextBatch {
-    uint64_t epoch;
-    size_t sequence;
-    std::span<const size_t> order;
-  };
-  NextBatch next_batch() const;
-  // Before build() only: batch `sequence`, the one the consumer waits for, failed outside the
-  // engine and its failure was reported; the epoch goes on with the batch after it (save() counts
-  // it as received, as it does a batch whose worker failed).
-  void pass_over(size_t sequence);
-
   void start_epoch();
   std::optional<Batch> next();
   DataLoader::Poll poll(std::chrono::milliseconds wait);
   void set_epoch(uint64_t epoch) { next_epoch_ = epoch; }
   void save(torch::serialize::OutputArchive& archive) const;  // checkpoint.cpp
   void load(torch::serialize::InputArchive& archive);
-  // The next start_epoch() continues at `position` (what load() read): the iterators of the epoch
-  // in progress are replaced.
-  void resume(const detail::CheckpointPosition& position);
   void join();
 
   uint64_t epoch() const { return epoch_; }
@@ -122,6 +104,33 @@ class DataLoader::Impl {
   using Clock = std::chrono::steady_clock;
   // What a wait that ended without a batch was waiting for (the TimeoutError says which).
   enum class Awaited { kBatch, kSlot };
+
+  // Reads the source's fields and builds the ring, the copy stage and the workers (once).
+  void build();
+  bool built() const { return filler_ != nullptr; }
+
+  // --- Before build(), for a source that learns_fields() (field_probe.cpp).
+  // What the probe read: the fields (empty when every sample it tried failed), the sample that
+  // told them or the first that failed, that sample's batch and epoch, and the runs() it began in.
+  struct ProbeOutcome {
+    std::vector<FieldSpec> fields;
+    size_t index = 0;
+    size_t batch = 0;
+    uint64_t epoch = 0;
+    uint64_t run = 0;
+    std::exception_ptr error;  // the first failure
+  };
+  // Starts the probe on the first sample of the batch the consumer waits for (with kSkip, the
+  // following ones of the order too, as many as substitutes may be).
+  void start_probe();
+  // Waits for the probe (starting one when none runs) until `deadline`, and at most the loader's
+  // timeout, then builds the engine: true once built; false when `deadline` passed first or the
+  // epoch has no batch left. The failure of the sample it read throws SampleError, and that batch
+  // is passed over; a probe that outlasts the timeout throws TimeoutError naming its sample.
+  bool learn_fields(Clock::time_point deadline);
+  // The batch the consumer waits for failed outside the engine and was reported; the epoch goes
+  // on with the batch after it (save() counts it as received, as a batch whose worker failed).
+  void pass_over(size_t sequence);
 
   void worker_loop(size_t worker);
   // Under kAutoWorkers, after each batch handed out: the tuner's choice of active workers and
@@ -152,6 +161,9 @@ class DataLoader::Impl {
   // Where an epoch's batches come from, and how far the consumer got: what a checkpoint holds.
   using Position = detail::CheckpointPosition;
   Position position() const;
+  // The next start_epoch() continues at `position` (what load() read): the iterators of the epoch
+  // in progress are replaced.
+  void resume(const Position& position);
   detail::OrderShape order_shape() const;
   // The order the next epoch starts with, its epoch, base and first batch; applies and clears a
   // pending resume_. Throws (changing nothing) if the sampler does.
@@ -209,6 +221,9 @@ class DataLoader::Impl {
   // Statistics (consumer-only).
   uint64_t batches_ = 0, samples_ = 0;
   double wait_seconds_ = 0, copy_issue_seconds_ = 0;
+
+  ProbeOutcome probing_;             // what the probe in flight reads (its timeout names it)
+  std::future<ProbeOutcome> probe_;  // before build() only; its destructor waits for it
 
   std::vector<std::jthread> workers_;  // last: joined first on destruction (join() stops them)
 };

@@ -4,10 +4,20 @@
 
 #include <c10/util/Exception.h>
 
+#include "conveyor/loader.h"
+
 namespace conveyor::detail {
 
 void throw_joined() {
   throw std::logic_error("conveyor: the DataLoader was joined; it yields no batches");
+}
+
+void throw_sample_failure(size_t index, const std::string& path, size_t batch, uint64_t epoch,
+                          const std::string& what, std::exception_ptr original) {
+  throw SampleError("conveyor: sample " + std::to_string(index) + " (" + path +
+                        ") failed in batch " + std::to_string(batch) + " of epoch " +
+                        std::to_string(epoch) + ": " + what,
+                    index, path, std::move(original));
 }
 
 std::string exception_message(const std::exception_ptr& error) {

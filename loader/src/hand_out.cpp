@@ -25,10 +25,8 @@ void DataLoader::Impl::raise_failure(const detail::SlotMeta& meta) const {
   if (meta.cancelled) {
     throw std::logic_error("conveyor: internal error: a cancelled batch reached the consumer");
   }
-  throw SampleError("conveyor: sample " + std::to_string(meta.error_index) + " (" +
-                        meta.error_path + ") failed in batch " + std::to_string(meta.sequence) +
-                        " of epoch " + std::to_string(meta.epoch) + ": " + meta.error_message,
-                    meta.error_index, meta.error_path, meta.error);
+  detail::throw_sample_failure(meta.error_index, meta.error_path, meta.sequence, meta.epoch,
+                               meta.error_message, meta.error);
 }
 
 std::exception_ptr DataLoader::Impl::take_failure(uint32_t slot) {
@@ -103,7 +101,10 @@ DataLoader::Poll DataLoader::Impl::poll_until(Clock::time_point deadline) {
     result.end = true;
     return result;
   }
-  CONVEYOR_CHECK(built(), "batches are waited for only once the engine is built");
+  if (!built() && !learn_fields(deadline)) {
+    result.end = next_sequence_ >= num_batches_;  // every batch left failed its probe
+    return result;
+  }
   // The loader's timeout runs from the first wait for this batch, across polls.
   const auto now = Clock::now();
   if (!waiting_since_) waiting_since_ = now;

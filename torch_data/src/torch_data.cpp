@@ -86,15 +86,14 @@ void pin_tensor(at::Tensor& tensor) {
 
 TorchConventionEngine::TorchConventionEngine(std::shared_ptr<SampleSource> source,
                                              std::unique_ptr<Sampler> sampler,
-                                             const DropInOptions& options, std::string path,
-                                             bool build_now)
+                                             const DropInOptions& options, std::string path)
     : options_(options.user),
       path_(std::move(path)),
       max_jobs_(options.max_jobs()),
       loader_(std::make_unique<DataLoader::Impl>(
           source ? std::move(source)
                  : throw std::invalid_argument("conveyor: make_data_loader needs a dataset"),
-          options.engine, std::move(sampler), nullptr, build_now)) {}
+          options.engine, std::move(sampler), nullptr)) {}
 
 void TorchConventionEngine::start_epoch() {
   if (joined_) throw_joined();
@@ -136,31 +135,17 @@ namespace {
 
 // conveyor::Batch straight from a SampleSource (ImageSource's fused decode pipeline): its fields
 // are known without reading a sample, so the engine is built at once.
-class SourceDataLoader final : public TorchDataLoader<Batch> {
+class SourceDataLoader final : public EngineDataLoader<Batch, TorchConventionEngine> {
  public:
   SourceDataLoader(std::shared_ptr<SampleSource> source, std::unique_ptr<Sampler> sampler,
                    const DataLoaderOptions& options)
-      : TorchDataLoader<Batch>(options),
-        engine_(std::move(source),
-                sampler ? std::move(sampler) : RandomSampler::make(options.seed()),
-                resolve_drop_in(options), "source") {
-    report_max_jobs(engine_.max_jobs());
-  }
-  void join() override { engine_.join(); }
-  LoaderStats stats() const override { return engine_.stats(); }
-  std::string mode() const override { return engine_.mode(); }
-  void save(torch::serialize::OutputArchive& archive) const override { engine_.save(archive); }
-  void load(torch::serialize::InputArchive& archive) override {
-    engine_.load(archive);
-    replaced_by_load();
-  }
+      : EngineDataLoader<Batch, TorchConventionEngine>(
+            options, std::move(source),
+            sampler ? std::move(sampler) : RandomSampler::make(options.seed()),
+            resolve_drop_in(options), "source") {}
 
  protected:
-  void start_epoch() override { engine_.start_epoch(); }
   std::optional<Batch> next_batch() override { return engine_.next(); }
-
- private:
-  TorchConventionEngine engine_;
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
-// The drop-in's collated path, non-template parts: tensors written into slot rows, the torch
-// sampler's kept (and checkpointed) order, and CollatedEngine's shape probe (a background thread,
-// waited for at most `timeout`) over the engine's epochs.
+// The drop-in's collated path, non-template parts: the fields learnt from a sample, tensors
+// written into slot rows, the torch sampler's kept (and checkpointed) order, and CollatedEngine
+// over the engine (whose probe reads the sample: loader/src/field_probe.cpp).
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -64,18 +64,11 @@ void write_tensor(const at::Tensor& tensor, const FieldSpec& spec, size_t index,
   std::memcpy(out, contiguous.data_ptr(), spec.sample_bytes());
 }
 
-void ProbedSource::set_fields(std::vector<FieldSpec> fields, size_t index) {
-  specs_ = std::move(fields);
+std::vector<FieldSpec> ProbedSource::learn_fields(size_t index) {
+  std::vector<FieldSpec> fields = read_fields(index);
+  specs_ = fields;
   probed_index_ = index;
-}
-
-std::vector<FieldSpec> ProbedSource::fields() const {
-  if (specs_.empty()) {
-    throw std::logic_error(
-        "conveyor: internal error: a torch dataset's fields were used before "
-        "the probe learnt them");
-  }
-  return specs_;
+  return fields;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -163,134 +156,28 @@ void DrawnOrderSampler::restore(SavedOrder saved) {
 CollatedEngine::CollatedEngine(std::shared_ptr<ProbedSource> source,
                                std::unique_ptr<DrawnOrderSampler> sampler,
                                const DataLoaderOptions& options)
-    : source_(std::move(source)), drawn_(sampler.get()), options_(options) {
-  if (!source_) throw std::invalid_argument("conveyor: make_data_loader needs a dataset");
+    : drawn_(sampler.get()) {
   if (!sampler) throw std::invalid_argument("conveyor: make_data_loader needs a sampler");
-  engine_ = std::make_unique<TorchConventionEngine>(source_, std::move(sampler),
-                                                    resolve_drop_in(options), "collated",
-                                                    /*build_now=*/false);
+  engine_ = std::make_unique<TorchConventionEngine>(std::move(source), std::move(sampler),
+                                                    resolve_drop_in(options), "collated");
 }
 
 CollatedEngine::~CollatedEngine() = default;
 
-size_t CollatedEngine::max_jobs() const { return engine_->max_jobs(); }
-
-void CollatedEngine::start_epoch() {
-  if (joined_) throw_joined();
-  engine_->start_epoch();
-  // A probe still reading a replaced epoch's sample goes on: any sample tells the shapes.
-  if (!engine_->impl().built() && !probe_.valid() && !engine_->impl().next_batch().order.empty()) {
-    start_probe();
-  }
-}
-
-void CollatedEngine::start_probe() {
-  // The first sample of the batch the engine waits for; with kSkip, the following ones too, as
-  // substitutes. The engine checked every index of the order against the dataset's size.
-  const auto next = engine_->impl().next_batch();  // DataLoader::Impl::NextBatch
-  const LoaderOptions& o = engine_->impl().options();
-  const size_t tries =
-      o.on_error == ErrorPolicy::kSkip ? std::min(next.order.size(), 1 + o.max_substitutes) : 1;
-  std::vector<size_t> candidates(next.order.begin(),
-                                 next.order.begin() + static_cast<std::ptrdiff_t>(tries));
-  probe_epoch_ = next.epoch;
-  probe_batch_ = next.sequence;
-  probe_index_ = candidates.front();
-  ProbeOutcome outcome;
-  outcome.epoch = next.epoch;
-  outcome.run = engine_->impl().runs();
-  outcome.batch = next.sequence;
-  // The task owns everything it touches (its copy of the dataset, the candidates), so it never
-  // depends on this object; probe_'s destructor waits for it.
-  probe_ = std::async(std::launch::async, [read = source_->field_reader(),
-                                           candidates = std::move(candidates), outcome]() mutable {
-    for (size_t k = 0; k < candidates.size(); ++k) {
-      try {
-        outcome.fields = read(candidates[k]);
-        outcome.index = candidates[k];
-        return outcome;
-      } catch (...) {
-        if (!outcome.error) {
-          outcome.error = std::current_exception();
-          outcome.index = candidates[k];
-        }
-      }
-    }
-    return outcome;
-  });
-}
-
-bool CollatedEngine::build_engine() {
-  const auto timeout = options_.timeout();
-  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(std::chrono::hours(0));
-  auto& engine = engine_->impl();  // DataLoader::Impl
-  for (;;) {
-    if (!probe_.valid()) {
-      if (engine.next_batch().order.empty()) return false;  // no batch left in this epoch
-      start_probe();
-    }
-    if (timeout && probe_.wait_until(deadline) != std::future_status::ready) throw_probe_timeout();
-    ProbeOutcome outcome = probe_.get();  // probe_ is no longer valid
-    if (outcome.fields.empty()) {
-      if (outcome.run != engine.runs()) continue;  // a replaced epoch's failure: probe this one
-      engine.pass_over(outcome.batch);
-      throw_probe_failure(outcome);
-    }
-    source_->set_fields(std::move(outcome.fields), outcome.index);
-    engine.build();
-    return true;
-  }
-}
-void CollatedEngine::throw_probe_timeout() const {
-  const std::string ms = std::to_string(options_.timeout() ? options_.timeout()->count() : 0);
-  throw_torch_timeout(
-      options_.timeout(),
-      "conveyor: sample " + std::to_string(probe_index_) + " (" + source_->describe(probe_index_) +
-          "), the first of batch " + std::to_string(probe_batch_) + " of epoch " +
-          std::to_string(probe_epoch_) +
-          ", read to learn the shapes of the batch's tensors, did not load within " + ms + " ms");
-}
-
-void CollatedEngine::throw_probe_failure(const ProbeOutcome& outcome) const {
-  // torch::data: with workers the dataset's exception arrives wrapped, without it as it is.
-  if (options_.workers() == 0) std::rethrow_exception(outcome.error);
-  const std::string sample = source_->describe(outcome.index);
-  throw WorkerError(outcome.error, outcome.index, sample,
-                    "conveyor: sample " + std::to_string(outcome.index) + " (" + sample +
-                        ") failed in batch " + std::to_string(outcome.batch) + " of epoch " +
-                        std::to_string(outcome.epoch) + ": " + exception_message(outcome.error));
-}
-
-std::optional<Batch> CollatedEngine::next() {
-  if (joined_) throw_joined();
-  if (!engine_->impl().built()) {
-    engine_->impl().ensure_started();
-    if (!build_engine()) return std::nullopt;
-  }
-  return engine_->next();
-}
-
+void CollatedEngine::start_epoch() { engine_->start_epoch(); }
+std::optional<Batch> CollatedEngine::next() { return engine_->next(); }
 void CollatedEngine::save(torch::serialize::OutputArchive& archive) const {
   engine_->save(archive);
 }
 
 void CollatedEngine::load(torch::serialize::InputArchive& archive) {
-  if (joined_) throw_joined();
   engine_->load(archive);                  // reads and checks everything (the order too) first
   drawn_->restore(drawn_->read(archive));  // checked by the engine's load
 }
 
-void CollatedEngine::join() {
-  joined_ = true;
-  engine_->join();
-}
-
+void CollatedEngine::join() { engine_->join(); }
 LoaderStats CollatedEngine::stats() const { return engine_->stats(); }
-
-std::string CollatedEngine::mode() const {
-  if (engine_->impl().built()) return engine_->mode();
-  return "collated: not started (the engine starts on the first batch, once a background thread "
-         "has read one sample to learn the shapes of the batch's tensors)";
-}
+std::string CollatedEngine::mode() const { return engine_->mode(); }
+size_t CollatedEngine::max_jobs() const { return engine_->max_jobs(); }
 
 }  // namespace conveyor::detail

@@ -5,9 +5,8 @@
 // its shapes are known, and SampleSources such as ImageSource) need torch::data's error
 // conventions on top of conveyor::DataLoader; this is the one place that translates them.
 //
-// Requires: the source's fields() are known when it is constructed, or (build_now false) by the
-// time the caller calls impl().build(); until then the engine keeps the epochs, their order and
-// the checkpoints, and no batch is waited for.
+// Requires: the source's fields() are known, or it learns_fields() (the engine then reads them
+// from the first sample it waits for).
 // Guarantees: a sample's failure arrives as conveyor::WorkerError (with workers == 0, the
 // dataset's own exception, unwrapped, as torch::data does); a batch that does not arrive within
 // `timeout` throws torch's c10::Error ("Timeout in DataLoader queue while waiting for next batch
@@ -47,16 +46,13 @@ class TorchConventionEngine {
  public:
   // `path` names the drop-in's path in mode(): "collated" (a torch dataset) or "source".
   TorchConventionEngine(std::shared_ptr<SampleSource> source, std::unique_ptr<Sampler> sampler,
-                        const DropInOptions& options, std::string path, bool build_now = true);
+                        const DropInOptions& options, std::string path);
   void start_epoch();
   std::optional<Batch> next();
   // DataLoader::save and DataLoader::load (which see).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
   void join();
-  // The engine itself: its epoch, order and build (loader/src/engine.h).
-  DataLoader::Impl& impl() { return *loader_.impl_; }
-  const DataLoader::Impl& impl() const { return *loader_.impl_; }
   LoaderStats stats() const;
   // The path's name, ": ", and the engine's mode.
   std::string mode() const;

@@ -54,7 +54,20 @@ class SampleSource {
  public:
   virtual ~SampleSource() = default;
   virtual size_t size() const = 0;
+  // The fields every sample has. Empty only for a source that learns_fields(), until it has.
   virtual std::vector<FieldSpec> fields() const = 0;
+  // A source whose fields are known only once it has read a sample (the drop-in's torch
+  // datasets: the shapes are whatever get() returns) says so here, and fields() is empty until
+  // learn_fields() has returned. The loader then learns them when the first epoch starts: on a
+  // thread of its own, before any worker runs, it calls learn_fields() with the first sample of
+  // the batch it waits for (under ErrorPolicy::kSkip, the following ones while it throws), and
+  // waits for it at most LoaderOptions::timeout per wait. A failure is that sample's failure in
+  // its batch, as a worker's would be, and the loader goes on with the next batch. Only one
+  // learn_fields() runs at a time, and never with prepare() or write_sample().
+  virtual bool learns_fields() const { return false; }
+  // Reads sample `index`, keeps its fields as fields() and returns them; throws what reading the
+  // sample throws. The default throws std::logic_error (a source that does not learn).
+  virtual std::vector<FieldSpec> learn_fields(size_t index);
   // Called once before the first write_sample, with the number of worker threads.
   virtual void prepare(size_t workers) { (void)workers; }
   // Writes sample ctx.index: `fields[i]` points to fields()[i].sample_bytes() writable bytes.

@@ -7,9 +7,10 @@
 //
 // Requires: the dataset is copyable and its copies usable concurrently; every sample's tensors
 // are CPU tensors with the shapes and dtypes of the sample the probe read.
-// Guarantees: the shapes are learnt on a background thread that the loader owns (CollatedEngine),
-// waited for at most `timeout`; a failure there is reported as the failure of that sample, in
-// its batch and epoch, as a worker's would be, and the engine passes that batch over. Epochs,
+// Guarantees: the shapes are learnt by the engine, on a background thread it owns
+// (SampleSource::learns_fields), waited for at most `timeout`; a failure there is reported as the
+// failure of that sample, in its batch and epoch, as a worker's would be, and the engine passes
+// that batch over. Epochs,
 // positions and checkpoints are the engine's (conveyor::DataLoader's) alone; a checkpoint carries
 // the torch sampler's order of the current epoch whole (DrawnOrderSampler).
 // Thread safety: CollatedDataLoader is used by one consumer thread; TorchExampleSource's
@@ -108,21 +109,20 @@ FieldSpec probe_field(const at::Tensor& tensor, const char* name, size_t index);
 void write_tensor(const at::Tensor& tensor, const FieldSpec& spec, size_t index,
                   size_t probed_index, std::byte* out);
 
-// A SampleSource whose fields are learnt by reading one of its samples (a torch dataset).
+// A SampleSource whose fields are learnt by reading one of its samples (a torch dataset): the
+// engine calls learn_fields() on its probe thread (SampleSource::learns_fields).
 class ProbedSource : public SampleSource {
  public:
-  // Returns the field specs of sample `index`, or throws what the dataset threw.
-  using FieldReader = std::function<std::vector<FieldSpec>(size_t index)>;
-  // A reader that owns a copy of the dataset, made now by the calling thread, for another thread
-  // to run.
-  virtual FieldReader field_reader() const = 0;
-  // The fields every sample must have, learnt from sample `index`. Set once, before the engine is
-  // built (so before any worker runs).
-  void set_fields(std::vector<FieldSpec> fields, size_t index);
-  // Throws std::logic_error before set_fields.
-  std::vector<FieldSpec> fields() const override;
+  bool learns_fields() const final { return true; }
+  // read_fields(index), kept: fields() from then on, and the sample named when another differs.
+  std::vector<FieldSpec> learn_fields(size_t index) final;
+  // Empty until learn_fields() returned.
+  std::vector<FieldSpec> fields() const override { return specs_; }
 
  protected:
+  // The field specs of sample `index`, or what the dataset threw. Runs on the engine's probe
+  // thread, never with prepare() or write_sample().
+  virtual std::vector<FieldSpec> read_fields(size_t index) = 0;
   const std::vector<FieldSpec>& specs() const { return specs_; }
   size_t probed_index() const { return probed_index_; }
 
@@ -140,16 +140,6 @@ class TorchExampleSource final : public ProbedSource {
  public:
   TorchExampleSource(D dataset, size_t size) : prototype_(std::move(dataset)), size_(size) {}
   size_t size() const override { return size_; }
-  FieldReader field_reader() const override {
-    return [dataset = prototype_](size_t index) mutable {
-      auto example = PerSample<Inner>::get(inner(dataset), index);
-      std::vector<FieldSpec> specs{probe_field(example.data, "data", index)};
-      if constexpr (Traits::has_target) {
-        specs.push_back(probe_field(example.target, "target", index));
-      }
-      return specs;
-    };
-  }
   void prepare(size_t workers) override {
     copies_.clear();
     copies_.reserve(workers);
@@ -164,6 +154,17 @@ class TorchExampleSource final : public ProbedSource {
   }
   std::string describe(size_t index) const override {
     return "index " + std::to_string(index) + " of the torch dataset";
+  }
+
+ protected:
+  std::vector<FieldSpec> read_fields(size_t index) override {
+    D dataset = prototype_;  // the probe's own copy: the workers' copies start from prototype_
+    auto example = PerSample<Inner>::get(inner(dataset), index);
+    std::vector<FieldSpec> specs{probe_field(example.data, "data", index)};
+    if constexpr (Traits::has_target) {
+      specs.push_back(probe_field(example.target, "target", index));
+    }
+    return specs;
   }
 
  private:
@@ -238,12 +239,10 @@ class TorchSamplerAdapter final : public DrawnOrderSampler {
 
 class TorchConventionEngine;  // torch_data/src/torch_data_engine.h (not installed)
 
-// The collated path's engine, type-erased: conveyor::DataLoader's engine, behind
-// TorchConventionEngine, whose epochs, order and checkpoints it is from the start; the engine's
-// ring and workers are built once the tensors' shapes are known. Until then a probe thread owned
-// by this object reads the first sample of the batch the engine waits for (the first index of
-// the sampler's order, at first) on its own copy of the dataset; the consumer waits for it at most
-// `timeout` per call. Destruction waits for a probe in flight (one sample).
+// The collated path's engine, type-erased: conveyor::DataLoader's engine behind
+// TorchConventionEngine, whose epochs, order, checkpoints and probe (the engine learns the
+// tensors' shapes from the first sample it waits for: ProbedSource) it is. load() restores the
+// torch sampler's drawn order too.
 class CollatedEngine {
  public:
   CollatedEngine(std::shared_ptr<ProbedSource> source, std::unique_ptr<DrawnOrderSampler> sampler,
@@ -253,57 +252,25 @@ class CollatedEngine {
   CollatedEngine& operator=(const CollatedEngine&) = delete;
   void start_epoch();
   std::optional<Batch> next();
-  // TorchDataLoader::save/load: the engine's (DataLoader's), built or not; load() restores the
-  // sampler's order too.
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
   void join();
   LoaderStats stats() const;
   std::string mode() const;
-  // The batch slots the engine uses (FullDataLoaderOptions::max_jobs).
-  size_t max_jobs() const;
+  size_t max_jobs() const;  // FullDataLoaderOptions::max_jobs
 
  private:
-  struct ProbeOutcome {
-    std::vector<FieldSpec> fields;  // empty when every sample tried failed
-    size_t index = 0;               // the sample that told the fields, or the first that failed
-    size_t batch = 0;               // the batch of `index` in `epoch`
-    uint64_t epoch = 0;
-    uint64_t run = 0;          // the engine's runs() it was started in
-    std::exception_ptr error;  // the first failure
-  };
-  // Waits for the probe (starting one for the batch the engine waits for if none runs) until the
-  // engine is built; false when the current epoch has no batch left to deliver.
-  bool build_engine();
-  void start_probe();
-  [[noreturn]] void throw_probe_timeout() const;
-  [[noreturn]] void throw_probe_failure(const ProbeOutcome& outcome) const;
-
-  std::shared_ptr<ProbedSource> source_;
   DrawnOrderSampler* drawn_;  // the sampler, which the engine owns
-  DataLoaderOptions options_;
-  bool joined_ = false;
-  uint64_t probe_epoch_ = 0;  // the probe in flight reads sample probe_index_ of
-  size_t probe_batch_ = 0;    // batch probe_batch_ in epoch probe_epoch_
-  size_t probe_index_ = 0;
   std::unique_ptr<TorchConventionEngine> engine_;
-  std::future<ProbeOutcome> probe_;  // last: destroyed first, waiting for the sample read
 };
 
-template <typename D>
-class CollatedDataLoader final : public TorchDataLoader<typename D::BatchType> {
-  using BatchT = typename D::BatchType;
-
+// A TorchDataLoader on Conveyor's engine: what the collated path (CollatedEngine) and
+// SampleSources (TorchConventionEngine, torch_data.cpp) forward to their engine, written once.
+// `Engine` has start_epoch, join, stats, mode, save, load and max_jobs; the subclass turns the
+// engine's next() into its BatchT.
+template <typename BatchT, typename Engine>
+class EngineDataLoader : public TorchDataLoader<BatchT> {
  public:
-  template <typename S>
-  CollatedDataLoader(D dataset, size_t size, S sampler, const DataLoaderOptions& options)
-      : TorchDataLoader<BatchT>(options),
-        engine_(std::make_shared<TorchExampleSource<D>>(std::move(dataset), size),
-                std::make_unique<TorchSamplerAdapter<S>>(std::move(sampler), options.batch_size(),
-                                                         size),
-                options) {
-    this->report_max_jobs(engine_.max_jobs());
-  }
   void join() override { engine_.join(); }
   LoaderStats stats() const override { return engine_.stats(); }
   std::string mode() const override { return engine_.mode(); }
@@ -314,9 +281,32 @@ class CollatedDataLoader final : public TorchDataLoader<typename D::BatchType> {
   }
 
  protected:
+  template <typename... EngineArgs>
+  explicit EngineDataLoader(const DataLoaderOptions& options, EngineArgs&&... engine_args)
+      : TorchDataLoader<BatchT>(options), engine_(std::forward<EngineArgs>(engine_args)...) {
+    this->report_max_jobs(engine_.max_jobs());
+  }
   void start_epoch() override { engine_.start_epoch(); }
+
+  Engine engine_;
+};
+
+template <typename D>
+class CollatedDataLoader final : public EngineDataLoader<typename D::BatchType, CollatedEngine> {
+  using BatchT = typename D::BatchType;
+
+ public:
+  template <typename S>
+  CollatedDataLoader(D dataset, size_t size, S sampler, const DataLoaderOptions& options)
+      : EngineDataLoader<BatchT, CollatedEngine>(
+            options, std::make_shared<TorchExampleSource<D>>(std::move(dataset), size),
+            std::make_unique<TorchSamplerAdapter<S>>(std::move(sampler), options.batch_size(),
+                                                     size),
+            options) {}
+
+ protected:
   std::optional<BatchT> next_batch() override {
-    std::optional<Batch> batch = engine_.next();
+    std::optional<Batch> batch = this->engine_.next();
     if (!batch) return std::nullopt;
     if constexpr (Collated<D>::has_target) {
       return BatchT(std::move(batch->fields[0]), std::move(batch->fields[1]));
@@ -324,9 +314,6 @@ class CollatedDataLoader final : public TorchDataLoader<typename D::BatchType> {
       return BatchT(std::move(batch->fields[0]));
     }
   }
-
- private:
-  CollatedEngine engine_;
 };
 
 }  // namespace detail
