@@ -63,7 +63,8 @@ class SampleSource {
   // the batch it waits for (under ErrorPolicy::kSkip, the following ones while it throws), and
   // waits for it at most LoaderOptions::timeout per wait. A failure is that sample's failure in
   // its batch, as a worker's would be, and the loader goes on with the next batch. Only one
-  // learn_fields() runs at a time, and never with prepare() or write_sample().
+  // learn_fields() runs at a time, and never with prepare() or write_sample(); size() and
+  // describe() may be called meanwhile, from the thread that iterates the loader.
   virtual bool learns_fields() const { return false; }
   // Reads sample `index`, keeps its fields as fields() and returns them; throws what reading the
   // sample throws. The default throws std::logic_error (a source that does not learn).
