@@ -883,6 +883,25 @@ TEST(Loader, AProbeSlowerThanTheTimeoutNamesItsSampleAndThenArrives) {
   ASSERT_TRUE(batch);
   EXPECT_EQ(batch->indices, (std::vector<size_t>{0, 1, 2, 3}));
   EXPECT_EQ(source->learnt_from, (std::vector<size_t>{0}));
+
+  // Polled in short waits, the probe's timeout still runs from the first wait, as a batch's does.
+  auto polled_source = std::make_shared<LearningSource>(8, 1);
+  polled_source->delay = 600ms;
+  DataLoader polled(polled_source, o);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool timed_out = false;
+  for (int i = 0; i < 100 && !timed_out; ++i) {
+    try {
+      const DataLoader::Poll p = polled.poll(10ms);
+      EXPECT_FALSE(p.batch || p.end);
+    } catch (const TimeoutError& e) {
+      timed_out = true;
+      EXPECT_NE(std::string(e.what()).find("read to learn the shapes"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_TRUE(timed_out) << "10 ms polls never reached the 100 ms timeout";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 550ms);  // before the read ended
 }
 
 }  // namespace

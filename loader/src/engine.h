@@ -124,9 +124,10 @@ class DataLoader::Impl {
   // following ones of the order too, as many as substitutes may be).
   void start_probe();
   // Waits for the probe (starting one when none runs) until `deadline`, and at most the loader's
-  // timeout, then builds the engine: true once built; false when `deadline` passed first or the
-  // epoch has no batch left. The failure of the sample it read throws SampleError, and that batch
-  // is passed over; a probe that outlasts the timeout throws TimeoutError naming its sample.
+  // timeout from the first wait for the batch (across polls), then builds the engine: true once
+  // built; false when `deadline` passed first or the epoch has no batch left. The failure of the
+  // sample it read throws SampleError, and that batch is passed over; a probe that outlasts the
+  // timeout throws TimeoutError naming its sample.
   bool learn_fields(Clock::time_point deadline);
   // The batch the consumer waits for failed outside the engine and was reported; the epoch goes
   // on with the batch after it (save() counts it as received, as a batch whose worker failed).

@@ -49,10 +49,13 @@ void DataLoader::Impl::start_probe() {
 }
 
 bool DataLoader::Impl::learn_fields(Clock::time_point deadline) {
+  // The loader's timeout runs from the first wait for the batch, across polls, as it does once
+  // the engine is built (poll_until goes on counting from the same start).
+  if (!waiting_since_) waiting_since_ = Clock::now();
   Clock::time_point until = deadline;
   bool timeout_rules = false;
-  if (options_.timeout && Clock::now() + *options_.timeout <= until) {
-    until = Clock::now() + *options_.timeout;
+  if (options_.timeout && *waiting_since_ + *options_.timeout <= until) {
+    until = *waiting_since_ + *options_.timeout;
     timeout_rules = true;
   }
   for (;;) {
@@ -64,6 +67,7 @@ bool DataLoader::Impl::learn_fields(Clock::time_point deadline) {
       probe_.wait();  // (wait_until(max) may overflow inside the library)
     } else if (probe_.wait_until(until) != std::future_status::ready) {
       if (!timeout_rules) return false;
+      waiting_since_.reset();  // the next call waits a whole timeout again
       throw TimeoutError("conveyor: sample " + std::to_string(probing_.index) + " (" +
                          source_->describe(probing_.index) + "), the first of batch " +
                          std::to_string(probing_.batch) + " of epoch " +
@@ -76,6 +80,7 @@ bool DataLoader::Impl::learn_fields(Clock::time_point deadline) {
     if (outcome.fields.empty()) {
       if (outcome.run != runs_) continue;  // a replaced epoch's failure: probe this one
       pass_over(outcome.batch);
+      waiting_since_.reset();
       detail::throw_sample_failure(outcome.index, source_->describe(outcome.index), outcome.batch,
                                    outcome.epoch, detail::exception_message(outcome.error),
                                    outcome.error);
