@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <torch/serialize/archive.h>
@@ -50,6 +52,18 @@ Resources resources_now() {
     ++r.fds;
   }
   return r;
+}
+
+// The resources once no thread is still exiting: a joined thread's /proc entry can outlive its
+// pthread_join by a moment (the kernel wakes the joiner before it removes the task), so a count
+// above `threads` is read again, for up to 1 s. A thread that outlives its loader still counts.
+Resources settled_resources(size_t threads) {
+  Resources now = resources_now();
+  for (int i = 0; i < 100 && now.threads > threads; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    now = resources_now();
+  }
+  return now;
 }
 
 std::string describe(const Resources& r) {
@@ -224,7 +238,7 @@ TEST(Soak, EpochsStayWholeAndResourcesFlatThroughBreaksResumesAndFileFaults) {
     }
     if (::testing::Test::HasFailure()) break;
   }
-  const Resources after = resources_now();
+  const Resources after = settled_resources(before.threads);
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   std::printf(
       "soak: %zu loaders in %.0f s, %zu whole epochs checked, %zu broken off, %zu continued by a "
