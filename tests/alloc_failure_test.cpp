@@ -91,10 +91,10 @@ class NoFailure {
 
 class ExemptCopyEngine : public testing::InstantCopyEngine {
  public:
-  DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent* event,
-                   std::function<void()> on_finished) override {
+  DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
+                   CudaEvent* event, std::function<void()> on_finished) override {
     NoFailure exempt;
-    return testing::InstantCopyEngine::start(host, event, std::move(on_finished));
+    return testing::InstantCopyEngine::start(host, on_device, event, std::move(on_finished));
   }
 };
 

@@ -385,10 +385,10 @@ TEST(DeviceStager, DeliversInStageOrderFailuresInTheirTurnAndEverySlotComesBack)
       b.names = {"value"};
       return b;
     };
-    stager.stage(batch_of(0), {at::full({1}, 100, at::kLong)}, nullptr,
+    stager.stage(batch_of(0), {at::full({1}, 100, at::kLong)}, {}, nullptr,
                  [&] { finished.fetch_add(1); });
     stager.stage_failure(std::make_exception_ptr(std::runtime_error("batch 1 failed")));
-    stager.stage(batch_of(2), {at::full({1}, 102, at::kLong)}, nullptr,
+    stager.stage(batch_of(2), {at::full({1}, 102, at::kLong)}, {}, nullptr,
                  [&] { finished.fetch_add(1); });
     EXPECT_TRUE(stager.full());
     detail::DeviceStager::Delivered first = stager.deliver();
@@ -404,7 +404,7 @@ TEST(DeviceStager, DeliversInStageOrderFailuresInTheirTurnAndEverySlotComesBack)
     ASSERT_TRUE(third.batch);
     EXPECT_EQ(third.batch->fields[0].item<int64_t>(), 102);
     EXPECT_TRUE(stager.empty());
-    stager.stage(batch_of(3), {at::full({1}, 103, at::kLong)}, nullptr,
+    stager.stage(batch_of(3), {at::full({1}, 103, at::kLong)}, {}, nullptr,
                  [&] { finished.fetch_add(1); });
     stager.clear();  // a cancelled epoch: the copy still finishes and hands its slot back
   }

@@ -232,8 +232,8 @@ class CheckedHandBacks final : public CopyEngine {
         may_query_(may_query),
         throw_at_(throw_at),
         sleep_(sleep_before_copy) {}
-  DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent* event,
-                   std::function<void()> on_finished) override {
+  DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
+                   CudaEvent* event, std::function<void()> on_finished) override {
     const int number = counts_->started++;
     if (sleep_ > 0) {  // holds this copy back on the engine's stream
       c10::cuda::CUDAStreamGuard guard(c10::cuda::CUDAStream(*inner_->stream()));
@@ -241,7 +241,7 @@ class CheckedHandBacks final : public CopyEngine {
     }
     cudaEvent_t slot_event = event != nullptr ? event->native_handle() : nullptr;
     DeviceCopy copy = inner_->start(
-        host, event,
+        host, on_device, event,
         [counts = counts_, slot_event, query = may_query_, fail = number == throw_at_,
          f = std::move(on_finished)] {
           if (query && (slot_event == nullptr || cudaEventQuery(slot_event) != cudaSuccess)) {

@@ -424,13 +424,13 @@ class FailingCopyEngine : public LateCopyEngine {
  public:
   explicit FailingCopyEngine(std::set<int> fail_calls)
       : LateCopyEngine(1ms), fail_(std::move(fail_calls)) {}
-  DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent* event,
-                   std::function<void()> on_finished) override {
+  DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
+                   CudaEvent* event, std::function<void()> on_finished) override {
     if (fail_.count(calls_++)) {
       on_finished();
       throw std::runtime_error("synthetic device out of memory");
     }
-    return LateCopyEngine::start(host, event, std::move(on_finished));
+    return LateCopyEngine::start(host, on_device, event, std::move(on_finished));
   }
 
  private:

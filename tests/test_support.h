@@ -121,6 +121,15 @@ class IndexSource : public SampleSource {
   bool release_stall = false;
 };
 
+// What a host-side copy engine does with the rows GPU decode left on its "device" (host memory
+// here): they replace their rows of the copy, as the CUDA engine's device-to-device copies do.
+inline void copy_device_rows(std::vector<at::Tensor>& device,
+                             const std::vector<DeviceRows>& on_device) {
+  for (const DeviceRows& d : on_device) {
+    device[d.field].narrow(0, d.first_row, d.rows.size(0)).copy_(d.rows);
+  }
+}
+
 // The fence of a host-side copy engine: a stream "waits" by the host waiting for the copy.
 class HostCopyFence : public CopyFence {
  public:
@@ -153,11 +162,18 @@ class LateCopyEngine : public CopyEngine {
     cv_.notify_all();
     thread_.join();
   }
-  DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent*,
-                   std::function<void()> on_finished) override {
+  DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
+                   CudaEvent*, std::function<void()> on_finished) override {
+    try {
+      check_device_rows(host, on_device, device());
+    } catch (...) {
+      on_finished();
+      throw;
+    }
     Job job;
     job.due = std::chrono::steady_clock::now() + latency_;
     job.host = host;
+    job.on_device = on_device;
     for (const auto& h : host) {
       job.device.push_back(at::empty(h.sizes(), h.options()));
       job.snapshot.push_back(h.clone());  // what the slot held when the copy started
@@ -182,6 +198,7 @@ class LateCopyEngine : public CopyEngine {
   struct Job {
     std::chrono::steady_clock::time_point due;
     std::vector<at::Tensor> host, device, snapshot;
+    std::vector<DeviceRows> on_device;
     std::function<void()> on_finished;
     std::promise<void> done;
   };
@@ -200,6 +217,7 @@ class LateCopyEngine : public CopyEngine {
         if (!job.host[i].equal(job.snapshot[i])) overwritten.fetch_add(1);
         job.device[i].copy_(job.host[i]);
       }
+      copy_device_rows(job.device, job.on_device);
       copies.fetch_add(1);
       job.done.set_value();
       job.on_finished();
@@ -222,10 +240,17 @@ class InstantCopyEngine : public CopyEngine {
  public:
   InstantCopyEngine() = default;
   InstantCopyEngine(size_t lose_from, bool report_loss) : lose_(lose_from), report_(report_loss) {}
-  DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent*,
-                   std::function<void()> on_finished) override {
+  DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
+                   CudaEvent*, std::function<void()> on_finished) override {
+    try {
+      check_device_rows(host, on_device, device());
+    } catch (...) {
+      on_finished();
+      throw;
+    }
     DeviceCopy copy;
     for (const auto& h : host) copy.tensors.push_back(h.clone());
+    copy_device_rows(copy.tensors, on_device);
     std::promise<void> done;
     done.set_value();
     copy.fence = std::make_shared<HostCopyFence>(done.get_future().share());

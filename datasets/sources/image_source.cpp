@@ -79,6 +79,19 @@ void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* field
   std::memcpy(fields[1], &image.label, sizeof(int64_t));
 }
 
+ImageSource::Encoded ImageSource::read_encoded(const SampleContext& ctx,
+                                               std::vector<uint8_t>& buffer,
+                                               std::byte* const* fields) {
+  Worker& w = *workers_.at(ctx.worker);
+  const trace::Range reading(trace::Name::kRead);
+  const auto started = std::chrono::steady_clock::now();
+  const Kind::Encoded image = kind_->read(ctx, buffer);
+  w.read_ns.fetch_add(static_cast<uint64_t>((std::chrono::steady_clock::now() - started).count()),
+                      std::memory_order_relaxed);
+  std::memcpy(fields[1], &image.label, sizeof(int64_t));
+  return {image.data, image.size};
+}
+
 void ImageSource::will_write(size_t worker, const size_t* indices, size_t count) {
   kind_->will_read(worker, indices, count);
 }

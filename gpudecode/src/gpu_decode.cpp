@@ -408,4 +408,75 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
   return result;
 }
 
+namespace {
+
+// GpuCropDecoder on a stream of its own: the loader's device decoder (DeviceImageDecoder).
+class NvjpegDeviceDecoder final : public DeviceImageDecoder {
+ public:
+  explicit NvjpegDeviceDecoder(GpuDecodeOptions options) : decoder_(std::move(options)) {
+    const int device = decoder_.status().device;
+    detail::DeviceGuard guard(device);
+    cudaStream_t stream = nullptr;
+    detail::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                       "creating GPU decode's stream on cuda:" + std::to_string(device));
+    stream_ = stream;
+  }
+  ~NvjpegDeviceDecoder() override {
+    try {
+      detail::DeviceGuard guard(decoder_.status().device);
+      if (cudaStreamDestroy(stream_) != cudaSuccess) (void)cudaGetLastError();
+    } catch (...) {  // the device is gone (a sticky error): nothing runs on it any more
+    }
+  }
+  NvjpegDeviceDecoder(const NvjpegDeviceDecoder&) = delete;
+  NvjpegDeviceDecoder& operator=(const NvjpegDeviceDecoder&) = delete;
+
+  GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* rows) override {
+    return decoder_.decode(images, count, rows, stream_);
+  }
+
+ private:
+  GpuCropDecoder decoder_;
+  cudaStream_t stream_ = nullptr;
+};
+
+class NvjpegHardwareDecoders final : public DeviceDecoderFactory {
+ public:
+  explicit NvjpegHardwareDecoders(GpuDecodeSetup setup) : setup_(std::move(setup)) {}
+
+  GpuDecodeStatus status(const c10::Device& device) const override {
+    if (!device.is_cuda()) {
+      GpuDecodeStatus status;
+      status.reason = "GPU decode unavailable: batches go to " + device.str() +
+                      ", and GPU decode writes into the batch's memory on a CUDA device";
+      return status;
+    }
+    return gpu_decode_status(for_device(device));
+  }
+  std::unique_ptr<DeviceImageDecoder> make(const ImageTransform& transform,
+                                           const c10::Device& device,
+                                           size_t max_batch) const override {
+    GpuDecodeOptions options;
+    options.transform = transform;
+    options.setup = for_device(device);
+    options.max_batch = max_batch;
+    return std::make_unique<NvjpegDeviceDecoder>(std::move(options));
+  }
+  std::string name() const override { return "nvJPEG hardware backend"; }
+
+ private:
+  GpuDecodeSetup for_device(const c10::Device& device) const {
+    GpuDecodeSetup setup = setup_;
+    setup.device = device.has_index() ? device.index() : -1;
+    return setup;
+  }
+  GpuDecodeSetup setup_;
+};
+
+}  // namespace
+
+std::shared_ptr<const DeviceDecoderFactory> nvjpeg_hardware_decoders(GpuDecodeSetup setup) {
+  return std::make_shared<NvjpegHardwareDecoders>(std::move(setup));
+}
+
 }  // namespace conveyor

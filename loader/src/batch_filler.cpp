@@ -8,7 +8,7 @@
 
 namespace conveyor::detail {
 
-void SlotMeta::reset(size_t seq, uint64_t gen, uint64_t ep, size_t rows, size_t chunks) {
+void SlotMeta::reset(size_t seq, uint64_t gen, uint64_t ep, size_t rows, size_t jobs) {
   CONVEYOR_DEBUG_CHECK(rows <= indices.capacity(), "a batch fits the reserved rows");
   sequence = seq;
   generation = gen;
@@ -18,7 +18,7 @@ void SlotMeta::reset(size_t seq, uint64_t gen, uint64_t ep, size_t rows, size_t 
   failed_row.store(kNoFailure, std::memory_order_relaxed);
   error = nullptr;
   // Release: a worker that sees the job (queued after this) sees all of the above.
-  remaining.store(chunks, std::memory_order_release);
+  remaining.store(jobs, std::memory_order_release);
 }
 
 void SkipLog::add(SkippedSample record) {
@@ -63,27 +63,52 @@ bool BatchFiller::fill(size_t worker, uint32_t slot, size_t chunk, SlotMeta& met
   const size_t base = meta.sequence * options_.batch_size;  // the batch's first place in order_
   CONVEYOR_DEBUG_CHECK(first < last && base + last <= order_.size(), "a job is a real chunk");
   std::array<std::byte*, kMaxFields> rows{};
-  try {  // a hint: the source may start reading the chunk's samples at once
-    source_.will_write(worker, &order_[base + first], last - first);
-  } catch (...) {  // a failed hint costs nothing; each sample's own read reports its errors
+  // With GPU decode (kAuto: whole chunks; kShare: per sample), the rows routed to the GPU are the
+  // decode thread's.
+  const bool hybrid = meta.hybrid;
+  const bool whole_chunk =
+      !hybrid || std::all_of(meta.route.begin() + static_cast<std::ptrdiff_t>(first),
+                             meta.route.begin() + static_cast<std::ptrdiff_t>(last),
+                             [](Decoder d) { return d == Decoder::kCpu; });
+  if (whole_chunk) {
+    try {  // a hint: the source may start reading the chunk's samples at once
+      source_.will_write(worker, &order_[base + first], last - first);
+    } catch (...) {  // a failed hint costs nothing; each sample's own read reports its errors
+    }
   }
+  size_t written = 0;
   for (size_t r = first; r < last; ++r) {
-    if (generation_.load(std::memory_order_relaxed) != meta.generation) {
+    if (hybrid && meta.route[r] != Decoder::kCpu) continue;
+    if (outdated(meta)) {
       meta.cancelled.store(true);
       break;
     }
     // Rows after a known failure cannot change the batch's error; rows before it still can.
     if (meta.failed_row.load(std::memory_order_relaxed) < r) break;
-    for (size_t f = 0; f < field_bytes_.size(); ++f)
-      rows[f] = ring_.field(slot, f) + r * field_bytes_[f];
+    row_pointers(slot, r, rows.data());
     if (!write_with_policy(worker, r, order_[base + r], rows.data(), meta)) break;
+    ++written;
   }
-  fill_ns_.fetch_add(static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+  const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0);
+  fill_ns_.fetch_add(static_cast<uint64_t>(busy.count()));
+  if (hybrid) {
+    hybrid_cpu_rows_.fetch_add(written, std::memory_order_relaxed);
+    if (balancer_ != nullptr) balancer_->finished(Decoder::kCpu, last - first, busy);
+  }
+  return finish_job(slot, meta);
+}
+
+bool BatchFiller::finish_job(uint32_t slot, SlotMeta& meta) {
   if (meta.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return false;
-  // The batch's last chunk: every other chunk's rows and flags are visible here.
+  // The batch's last job: every other job's rows and flags are visible here.
   if (!meta.failed() && !meta.cancelled.load()) ring_.mark_ready(slot);
   return true;
+}
+
+void BatchFiller::row_pointers(uint32_t slot, size_t row, std::byte** rows) const {
+  for (size_t f = 0; f < field_bytes_.size(); ++f) {
+    rows[f] = ring_.field(slot, f) + row * field_bytes_[f];
+  }
 }
 
 std::string BatchFiller::describe(size_t index) const {

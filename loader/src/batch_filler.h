@@ -1,15 +1,20 @@
 // loader/src/batch_filler.h (detail): the worker side of the engine: writing samples into a slot.
 //
 // SlotMeta: what one batch slot is carrying: written by the consumer before it queues the batch's
-// jobs (sequence, generation, epoch, the number of rows, `remaining`), then by the workers that
-// fill its chunks (their own rows of `indices`, and the failure fields).
-// BatchFiller: fills one chunk (a run of rows) of a slot's batch, under the ErrorPolicy.
+// jobs (sequence, generation, epoch, the number of rows, `remaining`, and with GPU decode each
+// row's decoder), then by the threads that fill its chunks (their own rows of `indices` and
+// `device_row`, and the failure fields).
+// BatchFiller: fills one chunk (a run of rows) of a slot's batch, under the ErrorPolicy: the rows
+// routed to the CPU; the GPU decode thread (gpu_decode_stage.h) fills the others with
+// write_with_policy() and finish_chunk(), so the policy and the end of a batch are written once.
 //
 // Invariants:
-//   * A worker writes only the rows of its chunk; the consumer does not touch a slot's meta or rows
-//     between queuing its jobs and getting the slot back (from the completed queue, or by taking
-//     back its last unstarted job when cancelling).
-//   * `remaining` counts unfinished chunks; the thread whose fetch_sub (acq_rel) takes it to zero
+//   * A job writes only its rows: those of its chunk routed to its decoder (every row of the
+//     chunk without GPU decode). A chunk has one job per decoder it has rows for, and `remaining`
+//     counts jobs. The consumer does not touch a slot's meta or rows between queuing its jobs and
+//     getting the slot back (from the completed queue, or by taking back its last unstarted job
+//     when cancelling). `route` is not changed while jobs run.
+//   * `remaining` counts unfinished jobs; the thread whose fetch_sub (acq_rel) takes it to zero
 //     has seen every other chunk's writes, and owns the slot from then on: it marks the slot kReady
 //     (a whole, unfailed, uncancelled batch) and hands it back to the consumer.
 //   * The batch's error is the one of its lowest failing row (failed_row), whichever chunk failed
@@ -26,10 +31,12 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "conveyor/datasets.h"
+#include "conveyor/decode_balance.h"
 #include "conveyor/loader.h"
 #include "conveyor/pinned.h"
 #include "errors.h"
@@ -44,7 +51,15 @@ struct SlotMeta {
   uint64_t generation = 0;
   uint64_t epoch = 0;
   std::vector<size_t> indices;       // one per row; reserved to batch_size once: never reallocates
-  std::atomic<size_t> remaining{0};  // chunks not finished
+  std::atomic<size_t> remaining{0};  // jobs not finished
+  // GPU decode: whether the rows were routed (false: every row is the CPU's, `route` unused), each
+  // row's decoder (consumer-written), and for a row routed to the GPU the row of the slot's device
+  // rows that holds its image, or nullopt when it was decoded on the CPU after all (refused,
+  // unreadable there, a substitute) into its host row (written by the decode thread). Both are
+  // reserved to batch_size once (GpuDecodeStage), like `indices`.
+  bool hybrid = false;
+  std::vector<Decoder> route;
+  std::vector<std::optional<uint32_t>> device_row;
   std::atomic<bool> cancelled{false};
   std::atomic<size_t> failed_row{kNoFailure};  // the lowest failing row
   std::mutex error_mutex;                      // taken only when a sample fails for good
@@ -54,8 +69,9 @@ struct SlotMeta {
   std::string error_message;
 
   bool failed() const { return failed_row.load() != kNoFailure; }
-  // Prepares the meta for a new batch of `rows` rows in `chunks` chunks (consumer, before queuing).
-  void reset(size_t sequence, uint64_t generation, uint64_t epoch, size_t rows, size_t chunks);
+  // Prepares the meta for a new batch of `rows` rows in `jobs` jobs (consumer, before queuing;
+  // with GPU decode, after writing `route`).
+  void reset(size_t sequence, uint64_t generation, uint64_t epoch, size_t rows, size_t jobs);
 };
 
 // The samples skipped under ErrorPolicy::kSkip: a count and the first kMaxRecords records.
@@ -82,26 +98,45 @@ class BatchFiller {
   BatchFiller(SampleSource& source, SlotRing& ring, const ResolvedOptions& options,
               const std::vector<size_t>& order, const std::atomic<uint64_t>& generation);
 
-  // Writes chunk `chunk` of the batch in `slot` (described by `meta`). Returns true when this was
-  // the batch's last unfinished chunk: the caller then owns the slot and hands it to the consumer
-  // (the slot is kReady if the batch can be delivered, still kFilling if it failed or was
-  // cancelled).
+  // Writes the CPU's rows of chunk `chunk` of the batch in `slot` (described by `meta`): every
+  // row, unless the batch is hybrid. Returns true when this was the batch's last unfinished job:
+  // the caller then owns the slot and hands it to the consumer (the slot is kReady if the batch
+  // can be delivered, still kFilling if it failed or was cancelled).
   bool fill(size_t worker, uint32_t slot, size_t chunk, SlotMeta& meta);
-  // Counts one finished chunk that was never filled (a job taken back when cancelling). Returns
-  // true when it was the batch's last: the caller owns the slot.
+  // Counts one finished job that was never run (taken back when cancelling). Returns true when it
+  // was the batch's last: the caller owns the slot.
   static bool abandon(SlotMeta& meta);
+  // Ends one job of `slot`'s batch (fill()'s end, and the decode thread's): returns true when it
+  // was the batch's last, and then marks the slot kReady if the batch is whole, not failed and not
+  // cancelled.
+  bool finish_job(uint32_t slot, SlotMeta& meta);
+
+  // Row `row` of the batch: sample `index` written into `rows` (one pointer per field), under the
+  // ErrorPolicy (substitutes, the skip log, the lowest failing row). False when the row failed
+  // for good (recorded in `meta`). For the decode thread too.
+  bool write_with_policy(size_t worker, size_t row, size_t index, std::byte* const* rows,
+                         SlotMeta& meta);
+  // Records `error` as row `row`'s (sample `index`) failure unless a lower row failed already.
+  void record_failure(SlotMeta& meta, size_t row, size_t index, std::exception_ptr error);
+  // Points `rows` at row `row` of each field of `slot`.
+  void row_pointers(uint32_t slot, size_t row, std::byte** rows) const;
+  // True when the batch's epoch was cancelled (or the loader joined) since it was dispatched.
+  bool outdated(const SlotMeta& meta) const {
+    return generation_.load(std::memory_order_relaxed) != meta.generation;
+  }
+  // GPU decode, kAuto: the CPU's chunks are reported to `balancer` (set before any worker runs).
+  void report_to(DecodeBalancer* balancer) { balancer_ = balancer; }
 
   uint64_t errors() const { return errors_.load(); }
   double fill_seconds() const { return static_cast<double>(fill_ns_.load()) * 1e-9; }
+  // Rows of hybrid batches the workers wrote (GPU decode's CPU share, without the decode
+  // thread's own CPU decodes).
+  uint64_t hybrid_cpu_rows() const { return hybrid_cpu_rows_.load(std::memory_order_relaxed); }
   const SkipLog& skipped() const { return skipped_; }
   // The source's name for a sample (its file, for images); never throws.
   std::string describe(size_t index) const;
 
  private:
-  bool write_with_policy(size_t worker, size_t row, size_t index, std::byte* const* rows,
-                         SlotMeta& meta);
-  void record_failure(SlotMeta& meta, size_t row, size_t index, std::exception_ptr error);
-
   SampleSource& source_;
   SlotRing& ring_;
   const ResolvedOptions& options_;
@@ -110,6 +145,8 @@ class BatchFiller {
   std::vector<size_t> field_bytes_;  // bytes of one sample of each field
   std::atomic<uint64_t> errors_{0};
   std::atomic<uint64_t> fill_ns_{0};
+  std::atomic<uint64_t> hybrid_cpu_rows_{0};
+  DecodeBalancer* balancer_ = nullptr;
   SkipLog skipped_;
 };
 

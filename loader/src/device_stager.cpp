@@ -23,12 +23,13 @@ DeviceStager::Staged& DeviceStager::push_slot() {
   return staged;
 }
 
-void DeviceStager::stage(Batch batch, const std::vector<at::Tensor>& host, CudaEvent* slot_event,
+void DeviceStager::stage(Batch batch, const std::vector<at::Tensor>& host,
+                         const std::vector<DeviceRows>& on_device, CudaEvent* slot_event,
                          std::function<void()> on_finished) noexcept {
   Staged& staged = push_slot();
   staged.batch = std::move(batch);
   try {
-    DeviceCopy copy = engine_->start(host, slot_event, std::move(on_finished));
+    DeviceCopy copy = engine_->start(host, on_device, slot_event, std::move(on_finished));
     CONVEYOR_CHECK(copy.fence != nullptr, "a copy engine gives every copy a fence");
     staged.batch.fields = std::move(copy.tensors);
     staged.batch.copy_fence = std::move(copy.fence);

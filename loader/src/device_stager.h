@@ -45,10 +45,12 @@ class DeviceStager {
   bool empty() const { return count_ == 0; }
   size_t size() const { return count_; }
 
-  // Starts copying `host` (tensors viewing a slot in kCopying) to the device; `batch` is the
-  // batch without its tensors. on_finished hands the slot back; it runs exactly once, also when
-  // the copy cannot start (then the failure is staged in the batch's place). Never throws.
-  void stage(Batch batch, const std::vector<at::Tensor>& host, CudaEvent* slot_event,
+  // Starts copying `host` (tensors viewing a slot in kCopying) to the device, then `on_device`
+  // (the slot's rows that GPU decode wrote on the device) over their rows; `batch` is the batch
+  // without its tensors. on_finished hands the slot back; it runs exactly once, also when the
+  // copy cannot start (then the failure is staged in the batch's place). Never throws.
+  void stage(Batch batch, const std::vector<at::Tensor>& host,
+             const std::vector<DeviceRows>& on_device, CudaEvent* slot_event,
              std::function<void()> on_finished) noexcept;
   // A batch that failed: handed out as its failure in its turn. Never throws.
   void stage_failure(std::exception_ptr failure) noexcept;

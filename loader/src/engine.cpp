@@ -75,9 +75,21 @@ void DataLoader::Impl::build() {
     meta_.push_back(std::make_unique<detail::SlotMeta>());
     meta_.back()->indices.reserve(options_.batch_size);
   }
-  source_->prepare(options_.workers);
-  filler_ =  // last but the workers: built() from here on
+  // GPU decode's thread reads samples as one more worker.
+  const bool gpu_wanted = options_.gpu_decode.mode != GpuDecode::Mode::kOff;
+  source_->prepare(options_.workers + (gpu_wanted ? 1 : 0));
+  filler_ =  // last but the threads: built() from here on
       std::make_unique<detail::BatchFiller>(*source_, shared_->ring, options_, order_, generation_);
+  if (gpu_wanted) {
+    std::optional<c10::Device> device;
+    if (stager_) device = stager_->engine().device();
+    detail::GpuDecodeStage::Plan plan = detail::GpuDecodeStage::make(
+        {*source_, *filler_, meta_, completed_, options_, order_}, device);
+    gpu_ = std::move(plan.stage);
+    gpu_status_ = std::move(plan.status);
+    mode_ += gpu_ ? ", GPU decode: " + gpu_status_ : "; " + gpu_status_;
+    if (gpu_) filler_->report_to(gpu_->balancer());
+  }
   depth_ = options_.slots;
   if (options_.auto_workers) {
     detail::WorkerTuner::Options tuning;
@@ -93,9 +105,10 @@ void DataLoader::Impl::build() {
     for (size_t w = 0; w < options_.workers; ++w) {
       workers_.emplace_back([this, w] { worker_loop(w); });
     }
-  } catch (...) {  // no destructor will run: stop the workers already started
+  } catch (...) {  // no destructor will run: stop the threads already started
     gate_.stop();
     jobs_.stop();
+    if (gpu_) gpu_->stop();
     workers_.clear();
     throw;
   }
@@ -109,6 +122,7 @@ void DataLoader::Impl::join() {
   generation_.fetch_add(1);  // workers abandon their batch at the next sample
   gate_.stop();              // parked workers wake and return
   jobs_.stop();
+  if (gpu_) gpu_->stop();  // joins the decode thread
   if (shared_) shared_->ring.close();
   workers_.clear();  // joins
   stager_.reset();   // drops staged batches, then waits for outstanding copies and callbacks
@@ -145,6 +159,12 @@ LoaderStats DataLoader::Impl::stats() const {
   s.skipped_samples = filler_->skipped().records();
   s.active_workers = gate_.active();
   if (tuner_) s.active_workers_history = tuner_->history();
+  if (gpu_) {
+    s.gpu_decode = gpu_->stats();
+    s.gpu_decode.cpu_images += filler_->hybrid_cpu_rows();
+  } else {
+    s.gpu_decode.status = gpu_status_;
+  }
   return s;
 }
 
@@ -155,7 +175,9 @@ void DataLoader::Impl::worker_loop(size_t worker) {
   const std::string number = std::to_string(worker);
   trace::name_this_thread("Conveyor worker " + number, "conveyor-w" + number);
   while (gate_.wait_turn(worker)) {  // parked while above the active count (kAutoWorkers)
+    const auto waiting = Clock::now();
     std::optional<detail::Job> job = jobs_.wait();
+    if (gpu_) gpu_->add_cpu_idle(Clock::now() - waiting);
     if (!job) return;
     // The slot's meta was written before its jobs were queued.
     detail::SlotMeta& meta = *meta_[job->slot];
@@ -246,8 +268,17 @@ void DataLoader::Impl::dispatch(uint32_t slot) {
   const size_t first = sequence * options_.batch_size;
   const size_t rows = std::min(order_.size() - first, options_.batch_size);
   const size_t chunks = (rows + options_.chunk_size - 1) / options_.chunk_size;
-  meta_[slot]->reset(sequence, generation_.load(), epoch_, rows, chunks);
-  jobs_.push_batch(slot, chunks);  // after the meta: a worker that pops a job sees it
+  detail::SlotMeta& meta = *meta_[slot];
+  if (!gpu_) {
+    meta.reset(sequence, generation_.load(), epoch_, rows, chunks);
+    jobs_.push_batch(slot, chunks);  // after the meta: a worker that pops a job sees it
+    return;
+  }
+  // GPU decode: each chunk has a job for each decoder it has rows for.
+  const size_t jobs = gpu_->route(meta, &order_[first], rows, epoch_);
+  meta.reset(sequence, generation_.load(), epoch_, rows, jobs);
+  jobs_.push_some(slot, chunks, [this](size_t c) { return gpu_->has_cpu_rows(c); });
+  gpu_->jobs().push_some(slot, chunks, [this](size_t c) { return gpu_->has_gpu_rows(c); });
 }
 
 // Hands every free slot a batch, in order, without blocking (none before build()).
@@ -291,10 +322,14 @@ void DataLoader::Impl::cancel_epoch() {
   // Take back the jobs no worker started, then wait for the batches still being filled. A batch
   // whose last chunk is taken back here is collected here; otherwise the worker filling its last
   // chunk pushes it to completed_.
-  while (std::optional<detail::Job> job = jobs_.try_take_back()) {
-    if (detail::BatchFiller::abandon(*meta_[job->slot])) {
-      ++collected_;
-      shared_->ring.release(job->slot);
+  for (detail::JobQueue* queue : {&jobs_, gpu_ ? &gpu_->jobs() : nullptr}) {
+    while (queue != nullptr) {
+      const std::optional<detail::Job> job = queue->try_take_back();
+      if (!job) break;
+      if (detail::BatchFiller::abandon(*meta_[job->slot])) {
+        ++collected_;
+        shared_->ring.release(job->slot);
+      }
     }
   }
   while (collected_ < dispatched_) {

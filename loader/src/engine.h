@@ -53,6 +53,7 @@
 #include "conveyor/loader.h"
 #include "device_stager.h"
 #include "errors.h"
+#include "gpu_decode_stage.h"
 #include "host_batch.h"
 #include "job_queue.h"
 #include "options.h"
@@ -182,7 +183,11 @@ class DataLoader::Impl {
   detail::ResolvedOptions options_;
   std::string mode_;  // mode(), fixed by build()
   std::unique_ptr<Sampler> sampler_;
-  std::shared_ptr<detail::SharedRing> shared_;    // outlives the loader while batches view it
+  std::shared_ptr<detail::SharedRing> shared_;  // outlives the loader while batches view it
+  // GPU decode (null unless it runs; its thread stopped by join()): destroyed after the stager,
+  // whose copies read its device rows.
+  std::unique_ptr<detail::GpuDecodeStage> gpu_;
+  std::string gpu_status_ = "off";                // stats().gpu_decode.status without gpu_
   std::unique_ptr<detail::DeviceStager> stager_;  // null on the CPU path; before shared_ dies
   std::optional<detail::HostBatches> host_;       // the CPU path
   std::vector<std::unique_ptr<detail::SlotMeta>> meta_;

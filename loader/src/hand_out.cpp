@@ -65,10 +65,12 @@ void DataLoader::Impl::stage_copies(Clock::time_point deadline) {
       // (kReady) for the next call, and no batch is lost or stranded in kCopying.
       Batch batch;
       std::vector<at::Tensor> views;
+      std::vector<DeviceRows> on_device;  // the rows GPU decode wrote on the device
       std::function<void()> hand_back;
       try {
         batch = detail::empty_batch(header(*slot), fields_);
         views = detail::slot_views(shared_->ring, *slot, fields_, meta.indices.size());
+        if (gpu_) on_device = gpu_->device_rows(*slot, meta);
         hand_back = [shared = shared_, s = *slot] { shared->ring.copy_finished(s); };
       } catch (...) {
         held_back_ = *slot;
@@ -76,7 +78,7 @@ void DataLoader::Impl::stage_copies(Clock::time_point deadline) {
       }
       ++next_stage_;
       CudaEvent* slot_event = shared_->ring.begin_copy(*slot);
-      stager_->stage(std::move(batch), views, slot_event, std::move(hand_back));
+      stager_->stage(std::move(batch), views, on_device, slot_event, std::move(hand_back));
     }
     copy_issue_seconds_ += detail::seconds_since(t0);
   }

@@ -6,8 +6,8 @@
 // Invariant: the queue has room for every chunk of every slot, so a push never finds it full, and
 // a job names a real chunk (both checked with CONVEYOR_CHECK: a broken one stops the process, as
 // everywhere in the machinery).
-// Thread safety: push_batch() and try_take_back() on the consumer thread, wait() on the workers,
-// stop() on any thread.
+// Thread safety: push_batch(), push_some() and try_take_back() on the consumer thread, wait() on
+// the workers (or the GPU decode thread, for its own queue), stop() on any thread.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +32,19 @@ class JobQueue {
 
   // The consumer queues the first `chunks` chunks of `slot`'s batch.
   void push_batch(uint32_t slot, size_t chunks);
+  // The consumer queues the chunks c < `chunks` of `slot`'s batch for which wanted(c) is true
+  // (GPU decode: the chunks with rows for this queue's decoder).
+  template <typename Wanted>
+  void push_some(uint32_t slot, size_t chunks, Wanted&& wanted) {
+    check(slot, chunks);
+    size_t count = 0;
+    for (size_t c = 0; c < chunks; ++c) count += wanted(c) ? 1 : 0;
+    size_t next = 0;  // push_many asks for the indices in order
+    queue_.push_many(count, [&](size_t) {
+      while (!wanted(next)) ++next;
+      return encode({slot, static_cast<uint32_t>(next++)});
+    });
+  }
   // A worker waits for a job; nullopt once stop() was called.
   std::optional<Job> wait();
   // The consumer takes back a job no worker started (to cancel an epoch); nullopt when none is
@@ -41,6 +54,7 @@ class JobQueue {
   void stop() { queue_.close(); }
 
  private:
+  void check(uint32_t slot, size_t chunks) const;
   uint32_t encode(Job job) const { return static_cast<uint32_t>(job.slot * chunks_ + job.chunk); }
   Job decode(uint32_t value) const {
     return {static_cast<uint32_t>(value / chunks_), static_cast<uint32_t>(value % chunks_)};

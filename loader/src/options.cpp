@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
 #include "conveyor/prefetch.h"
@@ -39,8 +40,36 @@ ResolvedOptions resolve_options(const LoaderOptions& options, bool check_device)
                                 std::to_string(o.chunks_per_batch) +
                                 " chunks per batch is too many jobs; raise chunk_size");
   }
+  if (!(o.gpu_decode.share >= 0.0 && o.gpu_decode.share <= 1.0)) {  // NaN too
+    throw std::invalid_argument("conveyor: gpu_decode.share must be in [0, 1], got " +
+                                std::to_string(o.gpu_decode.share));
+  }
   if (check_device) o.device = resolve_device(o.device);
   return o;
 }
 
 }  // namespace conveyor::detail
+
+namespace conveyor {
+
+GpuDecode GpuDecode::parse(const std::string& text) {
+  if (text == "off") return off();
+  if (text == "auto") return automatic();
+  if (text == "hw-only") return hardware_only();
+  size_t used = 0;
+  double share = -1;
+  try {
+    share = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !(share >= 0.0 && share <= 1.0)) {
+    throw std::invalid_argument(
+        "conveyor: GPU decode takes off, auto, hw-only or a share in [0, 1], "
+        "got '" +
+        text + "'");
+  }
+  return fixed_share(share);
+}
+
+}  // namespace conveyor

@@ -2,6 +2,7 @@
 // events, and the two ways of handing a slot back (a host function, or the engine's event thread).
 #include <atomic>
 #include <condition_variable>
+#include <cstddef>
 #include <deque>
 #include <exception>
 #include <functional>
@@ -190,12 +191,13 @@ class CudaCopyEngine : public CopyEngine {
     }
   }
 
-  DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent* slot_event,
-                   std::function<void()> on_finished) override {
+  DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
+                   CudaEvent* slot_event, std::function<void()> on_finished) override {
     DeviceCopy copy;
     std::shared_ptr<CudaCopyFence> fence;
     std::optional<c10::cuda::CUDAStreamGuard> stream_guard;  // also makes the device current
     try {
+      check_device_rows(host, on_device, device_);
       stream_guard.emplace(stream_);  // allocations belong to the side stream
       fence = std::make_shared<CudaCopyFence>(fences_, device_.index());
       copy.tensors.reserve(host.size());
@@ -205,6 +207,16 @@ class CudaCopyEngine : public CopyEngine {
                                    stream_.stream()),
                    "cudaMemcpyAsync of a batch to " + device_.str());
         copy.tensors.push_back(std::move(d));
+      }
+      // Rows decoded on the device replace what the host slot held for them (stream order).
+      for (const DeviceRows& rows : on_device) {
+        const at::Tensor& d = copy.tensors[rows.field];
+        const size_t row_bytes = d.nbytes() / static_cast<size_t>(d.size(0));
+        check_cuda(cudaMemcpyAsync(static_cast<std::byte*>(d.data_ptr()) +
+                                       static_cast<size_t>(rows.first_row) * row_bytes,
+                                   rows.rows.data_ptr(), rows.rows.nbytes(),
+                                   cudaMemcpyDeviceToDevice, stream_.stream()),
+                   "cudaMemcpyAsync of GPU-decoded rows on " + device_.str());
       }
       if (slot_event != nullptr && *slot_event) {
         check_cuda(cudaEventRecord(slot_event->native_handle(), stream_.stream()),

@@ -282,6 +282,19 @@ class ImageSource : public SampleSource {
   // samples' Range requests at once, on the worker's own connections.
   void will_write(size_t worker, const size_t* indices, size_t count) override;
 
+  // For a decoder outside the source (the loader's GPU decode): sample ctx.index's encoded bytes,
+  // not decoded, with its other fields written (fields[1], the label, as write_sample() writes
+  // it; fields[0], the image, untouched). The bytes are in `buffer` (its capacity reused) or in
+  // memory the source holds, valid until `buffer` is used again or the source is destroyed. Reads
+  // as write_sample() does (the same worker rules, the same errors naming the file), and counts
+  // its read time; the decode is the caller's.
+  struct Encoded {
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+  };
+  Encoded read_encoded(const SampleContext& ctx, std::vector<uint8_t>& buffer,
+                       std::byte* const* fields);
+
   const std::vector<ImageItem>& items() const;
   const std::vector<std::string>& classes() const;
   const ImageTransform& transform() const { return transform_; }

@@ -1,8 +1,9 @@
 // conveyor/decode_balance.h: which decoder, the CPU workers or the GPU's hardware engines, a
 // sample or a chunk of samples goes to in the hybrid decoder.
 //
-// What it is for: the loader's switch between decoders (issue 24), kept apart from the engine so
-// that it is tested on its own with simulated decoders. Three rules:
+// What it is for: the loader's switch between decoders (LoaderOptions::gpu_decode, conveyor/
+// loader.h), kept apart from the engine so that it is tested on its own with simulated decoders.
+// Three rules:
 // - off: every sample on the CPU (the default; the loader then never loads nvJPEG);
 // - a fixed share: fixed_share_decoder() sends sample (seed, epoch, index) to the GPU when a hash
 //   of those three numbers falls below the share. A pure function: the decoder of a sample, and
@@ -32,18 +33,7 @@ namespace conveyor {
 
 enum class Decoder { kCpu, kGpu };
 
-// How the hybrid splits samples (the loader's option, once it is wired in).
-struct GpuDecodeMode {
-  enum class Kind {
-    kOff,    // the CPU path only (default)
-    kShare,  // the fixed share `share` of samples to the GPU (1: every file the hardware takes)
-    kAuto,   // DecodeBalancer: the decoder whose queue drains first
-  };
-  Kind kind = Kind::kOff;
-  double share = 0.65;  // kShare: DALI's default hw_decoder_load
-};
-
-// kShare's rule for sample `index` of (seed, epoch); share is clamped to [0, 1].
+// GpuDecode::Mode::kShare's rule for sample `index` of (seed, epoch); share is clamped to [0, 1].
 Decoder fixed_share_decoder(double share, uint64_t seed, uint64_t epoch, size_t index);
 
 class DecodeBalancer {

@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
 #include "conveyor/datasets.h"
 
 struct CUstream_st;  // cudaStream_t
@@ -136,5 +138,40 @@ class GpuCropDecoder {
   struct State;
   std::unique_ptr<State> state_;
 };
+
+// What the loader's GPU decode (LoaderOptions::gpu_decode, conveyor/loader.h) drives: a decoder
+// of batches of JPEG files into rows of a device's memory, used by one thread at a time.
+// decode() writes images[k] into row k of `rows` (count rows of transform.size^2 x 3 bytes, laid
+// out as transform.layout says) and returns once those rows are written, so that any stream may
+// read them afterwards; it reports the images it left to the CPU and the files it could not read
+// (their rows unwritten) as GpuCropDecoder::decode does, and throws GpuDecodeError when the batch
+// fails on the device.
+class DeviceImageDecoder {
+ public:
+  virtual ~DeviceImageDecoder() = default;
+  virtual GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* rows) = 0;
+};
+
+// Makes the loader's device decoders. nvjpeg_hardware_decoders() is the real one; another factory
+// (a test's decoder whose "device" is host memory, another hardware decoder) plugs in through
+// GpuDecode::decoder.
+class DeviceDecoderFactory {
+ public:
+  virtual ~DeviceDecoderFactory() = default;
+  // Whether decoders for `device` (the loader's copy stage's device) can be made, and if not, why.
+  virtual GpuDecodeStatus status(const c10::Device& device) const = 0;
+  // A decoder for `device` that decodes up to `max_batch` images a call with `transform`. Throws
+  // (GpuDecodeError, CudaError, ...) when it cannot be made.
+  virtual std::unique_ptr<DeviceImageDecoder> make(const ImageTransform& transform,
+                                                   const c10::Device& device,
+                                                   size_t max_batch) const = 0;
+  // What the loader's mode() calls it, e.g. "nvJPEG hardware backend".
+  virtual std::string name() const = 0;
+};
+
+// GpuCropDecoder on a CUDA stream of its own (created non-blocking on the device, destroyed with
+// the decoder). status() is gpu_decode_status() for the device (a CPU device: unavailable).
+// `setup.device` is ignored: the loader's device rules.
+std::shared_ptr<const DeviceDecoderFactory> nvjpeg_hardware_decoders(GpuDecodeSetup setup = {});
 
 }  // namespace conveyor

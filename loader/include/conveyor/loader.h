@@ -165,6 +165,51 @@ enum class ErrorPolicy {
 // stats().active_workers and stats().active_workers_history show the choice.
 inline constexpr size_t kAutoWorkers = SIZE_MAX;
 
+class DeviceDecoderFactory;  // conveyor/gpu_decode.h
+
+// GPU decode: an ImageSource's JPEGs decoded on the GPU's hardware JPEG engines (nvJPEG's
+// hardware backend on an A100, H100 or H200) as well as by the workers, each image straight into
+// the batch's device memory with the same crop box (choose_crop) as the CPU path. Off by default.
+// It needs the CUDA copy stage (a CUDA device) and an ImageSource; where GPU decode cannot run
+// (no libnvjpeg.so.13, no CUDA device, no hardware engine, a CPU device, another kind of source)
+// the loader decodes everything on the CPU exactly as with kOff, and mode() and
+// stats().gpu_decode.status say why. One decode thread of the loader's drives the engines, in
+// batches of a chunk; files the hardware refuses (progressive, arithmetic-coded, CMYK, YCCK,
+// 4:1:1, 4:1:0) and files it cannot read are decoded on the CPU, so errors, the skip policy and
+// their messages are the CPU path's. A CUDA or nvJPEG failure of a batched decode fails that
+// batch (SampleError naming its first sample, with the error's name), not the process.
+// Pixels differ between the decoders only by their IDCT and chroma upsampling
+// (GpuCropDecoder::kMaxAbsDiff, kMinPsnr); each decoder is bit-exact on its own.
+struct GpuDecode {
+  enum class Mode {
+    kOff,    // every image on the CPU (the default)
+    kShare,  // sample (seed, epoch, index) goes to the GPU when fixed_share_decoder() says so
+             // (conveyor/decode_balance.h): a pure function, so a sample meets the same decoder,
+             // and has the same bytes, whatever the workers, chunk_size, timing or resume
+    kAuto,   // each chunk to the decoder whose queue drains first (DecodeBalancer), from the
+             // measured cost per image of each: neither idles while the other has a backlog.
+             // Which decoder a sample meets then depends on timing, so its bytes may differ
+             // from run to run (and after a resume) within the decoders' tolerance; its crop box
+             // never does
+  };
+  Mode mode = Mode::kOff;
+  // kShare: the share of samples sent to the GPU, in [0, 1] (the loader refuses others). 1 is
+  // "hardware only": every file the hardware takes. The default is DALI's hw_decoder_load.
+  double share = 0.65;
+  // The decoder on the device. Null (the default): nvJPEG's hardware backend
+  // (nvjpeg_hardware_decoders(), conveyor/gpu_decode.h).
+  std::shared_ptr<const DeviceDecoderFactory> decoder;
+
+  // "off", "auto", "hw-only" (hardware_only()) or a share in [0, 1] such as "0.65": what
+  // conveyor-bench's --gpu-decode and the Python package's gpu_decode take. Throws
+  // std::invalid_argument naming `text` otherwise.
+  static GpuDecode parse(const std::string& text);
+  static GpuDecode off() { return {}; }
+  static GpuDecode automatic() { return {Mode::kAuto, 0.65, nullptr}; }
+  static GpuDecode fixed_share(double share) { return {Mode::kShare, share, nullptr}; }
+  static GpuDecode hardware_only() { return {Mode::kShare, 1.0, nullptr}; }
+};
+
 struct LoaderOptions {
   size_t batch_size = 1;
   // Worker threads that decode samples. 0 means one per hardware thread; kAutoWorkers: see above.
@@ -200,6 +245,8 @@ struct LoaderOptions {
   // 8 samples (one chunk per batch with one worker). When several samples of a batch fail, the
   // SampleError names the first of them in batch order, as with one chunk.
   size_t chunk_size = 0;
+  // Decoding on the GPU's hardware JPEG engines as well (see GpuDecode); off by default.
+  GpuDecode gpu_decode;
 };
 
 // A sample failed to load; what() names the sample index and its file.
@@ -267,6 +314,29 @@ struct ActiveWorkers {
   size_t workers = 0;
 };
 
+// How the images were shared between the CPU and the GPU decoder (LoaderOptions::gpu_decode).
+struct GpuDecodeStats {
+  bool active = false;  // the GPU decoder runs
+  // Off, why it cannot run, or which decoder runs on which device.
+  std::string status = "off";
+  uint64_t gpu_images = 0;  // images decoded on the device
+  uint64_t cpu_images = 0;  // images decoded on the CPU (by the workers, and the refused ones)
+  // Of the images sent to the device decoder, those it left to the CPU: files the hardware does
+  // not take, files it could not read (the CPU path then names the error), and substitutes.
+  uint64_t refused = 0;
+  uint64_t failed_batches = 0;  // batched decodes that failed on the device (CUDA or nvJPEG)
+  double gpu_busy_seconds = 0;  // the decode thread's time on chunks
+  double gpu_idle_seconds = 0;  // the decode thread's time waiting for a chunk
+  double cpu_idle_seconds = 0;  // the workers' time waiting for a chunk, summed over workers
+  // kAuto: the balancer's estimates of the cost per image (the CPU's: one worker's).
+  double cpu_ns_per_image = 0;
+  double gpu_ns_per_image = 0;
+  double gpu_share() const {
+    const uint64_t all = gpu_images + cpu_images;
+    return all == 0 ? 0.0 : static_cast<double>(gpu_images) / static_cast<double>(all);
+  }
+};
+
 struct LoaderStats {
   uint64_t batches = 0;                        // delivered to the consumer
   uint64_t samples = 0;                        // rows delivered
@@ -281,6 +351,7 @@ struct LoaderStats {
   size_t active_workers = 0;        // workers that work now (all of them unless kAutoWorkers)
   // Under kAutoWorkers: the active workers from the start, then every change (the first 4096).
   std::vector<ActiveWorkers> active_workers_history;
+  GpuDecodeStats gpu_decode;  // the split between the decoders (LoaderOptions::gpu_decode)
 };
 
 // ---------------------------------------------------------------------------------------------

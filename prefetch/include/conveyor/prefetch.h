@@ -65,13 +65,34 @@ struct DeviceCopy {
   std::shared_ptr<const CopyFence> fence;  // never null
 };
 
+// Rows of a batch's field that are already on the engine's device (decoded there: GPU decode,
+// LoaderOptions::gpu_decode): `rows` ([n, ...sample_shape], contiguous, on the engine's device,
+// written before start() was called and unchanged until on_finished runs) replace rows
+// [first_row, first_row + n) of field `field`.
+struct DeviceRows {
+  size_t field = 0;
+  int64_t first_row = 0;
+  at::Tensor rows;
+};
+
+// The rule every CopyEngine applies to `on_device` before it queues anything: each entry names a
+// field of `host`, lies within its rows, has that field's row shape and dtype, is contiguous and
+// is on `device`. Throws std::invalid_argument naming the entry and what is wrong.
+void check_device_rows(const std::vector<at::Tensor>& host,
+                       const std::vector<DeviceRows>& on_device, const c10::Device& device);
+
 class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
-  // Starts copying `host` to the engine's device. `slot_event` is the slot ring's CUDA event for
-  // this slot, recorded after the copy so that the ring never frees memory a copy still reads;
-  // null when there is none (pageable memory, host-side engines).
-  virtual DeviceCopy start(const std::vector<at::Tensor>& host, CudaEvent* slot_event,
+  // Starts copying `host` to the engine's device, then `on_device` over the rows they name (in
+  // stream order, before the fence: a batch's rows are final when its fence is). `slot_event` is
+  // the slot ring's CUDA event for this slot, recorded after the copies so that the ring never
+  // frees memory a copy still reads (the host slot, and the device rows of GPU decode, which
+  // belong to the slot too); null when there is none (pageable memory, host-side engines).
+  // Throws std::invalid_argument for device rows that do not fit their field or are not on the
+  // engine's device (after on_finished ran, as for any throw).
+  virtual DeviceCopy start(const std::vector<at::Tensor>& host,
+                           const std::vector<DeviceRows>& on_device, CudaEvent* slot_event,
                            std::function<void()> on_finished) = 0;
   virtual c10::Device device() const = 0;
   // Throws if the engine can no longer finish its copies or hand their slots back (a sticky CUDA

@@ -44,10 +44,12 @@ enum class Name : uint8_t {
   kWaitForBatch,  // the consumer waits for the next batch (payload: its sequence)
   kWaitForSlot,   // the consumer waits for a free slot to dispatch into (payload: that batch)
   kIssueCopy,     // the consumer issues a batch's device copy (payload: its sequence)
+  kGpuDecode,     // the GPU decode thread decodes one chunk of a batch (payload: its sequence)
   kCount,
 };
 inline constexpr std::array<const char*, static_cast<size_t>(Name::kCount)> kNames = {
-    "chunk", "read", "decode", "resize", "wait for batch", "wait for slot", "issue copy"};
+    "chunk",          "read",          "decode",     "resize",
+    "wait for batch", "wait for slot", "issue copy", "GPU decode"};
 inline constexpr const char* kDomain = "Conveyor";
 
 // The domain and its registered names, made on first use (which also initializes NVTX, so later
@@ -84,7 +86,8 @@ class Range {
   void push(Name name, const uint64_t* payload) noexcept {
     // A color per kind of range: the profiler's rows are easier to read.
     static constexpr std::array<uint32_t, kNames.size()> kColors = {
-        0xFF4C78A8, 0xFF72B7B2, 0xFFF58518, 0xFF54A24B, 0xFFE45756, 0xFFB279A2, 0xFFEECA3B};
+        0xFF4C78A8, 0xFF72B7B2, 0xFFF58518, 0xFF54A24B,
+        0xFFE45756, 0xFFB279A2, 0xFFEECA3B, 0xFF9D755D};
     nvtxEventAttributes_t attributes{};
     attributes.version = NVTX_VERSION;
     attributes.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;

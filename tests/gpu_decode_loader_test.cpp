@@ -1,0 +1,510 @@
+// GPU decode in the loader (issue 24, LoaderOptions::gpu_decode).
+//
+// GpuDecodeLoader runs everywhere: the engine's routing, the decode thread, the CPU fallbacks
+// and the device rows' hand-over to the copy stage, with a device decoder whose "device" is host
+// memory (simulated_device_decoder.h) behind a host-side copy engine. That decoder writes the CPU
+// path's bytes, so every batch must equal a CPU-only loader's batch exactly: a row in the wrong
+// place, a row the copy stage did not take from the device, or a sample decoded twice shows.
+// GpuDecodeLoaderGpu needs a GPU with hardware JPEG engines (and skips, saying why, without one):
+// the real nvJPEG path against the CPU path within GpuCropDecoder's tolerance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <torch/serialize/archive.h>
+
+#include "conveyor/decode_balance.h"
+#include "conveyor/gpu_decode.h"
+#include "simulated_device_decoder.h"
+#include "test_support.h"
+
+namespace conveyor {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::finishes_within;
+using testing::InstantCopyEngine;
+using testing::LateCopyEngine;
+using testing::SimulatedDeviceDecoders;
+
+// Photo-like files of a few sizes, and every few files one the hardware refuses.
+struct Corpus {
+  std::vector<std::vector<uint8_t>> files;
+  std::vector<int64_t> labels;
+  std::set<size_t> refused;  // indices hardware_route() sends to the CPU
+};
+
+Corpus make_corpus(size_t n, uint64_t seed, bool mixed = true) {
+  Corpus c;
+  std::vector<uint8_t> rgb(96 * 72 * 3);
+  for (size_t i = 0; i < rgb.size(); ++i) rgb[i] = static_cast<uint8_t>((i * 7 + seed) % 251);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<uint8_t> file;
+    if (mixed && i % 7 == 3) {
+      EncodeOptions e;
+      const size_t kind = (i / 7) % 4;
+      e.progressive = kind == 0;
+      e.color = kind == 1   ? EncodeOptions::Color::kCmyk
+                : kind == 2 ? EncodeOptions::Color::kYcck
+                            : EncodeOptions::Color::kYCbCr;
+      if (kind == 3) e.h_samp = 4, e.v_samp = 1;  // 4:1:1
+      file = encode_jpeg(rgb.data(), 96, 72, e);
+    } else if (mixed && i % 11 == 5) {
+      EncodeOptions e;
+      e.color = EncodeOptions::Color::kGray;  // the hardware takes gray
+      file = encode_jpeg(rgb.data(), 96, 72, e);
+    } else {
+      file = make_photo_jpeg(80 + static_cast<int>(i % 5) * 8, 64 + static_cast<int>(i % 3) * 8,
+                             seed + i, 85);
+    }
+    if (!hardware_route(file.data(), file.size()).hardware) c.refused.insert(i);
+    c.files.push_back(std::move(file));
+    c.labels.push_back(static_cast<int64_t>(i % 10));
+  }
+  return c;
+}
+
+std::shared_ptr<ImageSource> source_of(const Corpus& c, int size = 32) {
+  ImageTransform t = ImageTransform::train(size);
+  return ImageSource::in_memory(c.files, c.labels, t);
+}
+
+LoaderOptions options(size_t batch, size_t workers, size_t chunk, GpuDecode gpu) {
+  LoaderOptions o;
+  o.batch_size = batch;
+  o.workers = workers;
+  o.chunk_size = chunk;
+  o.seed = 11;
+  o.gpu_decode = gpu;
+  return o;
+}
+
+GpuDecode simulated(GpuDecode mode, std::shared_ptr<const DeviceDecoderFactory> decoders) {
+  mode.decoder = std::move(decoders);
+  return mode;
+}
+
+// The batches of `epochs` epochs, tensors on the CPU.
+std::vector<Batch> run(DataLoader& loader, int epochs) {
+  std::vector<Batch> out;
+  for (int e = 0; e < epochs; ++e) {
+    for (Batch& b : loader) out.push_back(b);
+  }
+  return out;
+}
+
+void expect_same_batches(const std::vector<Batch>& got, const std::vector<Batch>& want,
+                         const std::string& where) {
+  ASSERT_EQ(got.size(), want.size()) << where;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].indices, want[i].indices) << where << ", batch " << i;
+    EXPECT_EQ(got[i].epoch, want[i].epoch) << where << ", batch " << i;
+    ASSERT_EQ(got[i].fields.size(), want[i].fields.size()) << where;
+    for (size_t f = 0; f < got[i].fields.size(); ++f) {
+      EXPECT_TRUE(got[i].fields[f].equal(want[i].fields[f]))
+          << where << ": batch " << i << " field " << got[i].names[f] << " differs";
+    }
+  }
+}
+
+// A CPU-only loader's batches: RandomSampler(5), or the sequential order.
+std::vector<Batch> cpu_reference(const Corpus& c, size_t batch, int epochs,
+                                 ErrorPolicy policy = ErrorPolicy::kRaise,
+                                 bool sequential = false) {
+  LoaderOptions o = options(batch, 2, 0, GpuDecode::off());
+  o.on_error = policy;
+  DataLoader loader(source_of(c), o,
+                    sequential ? SequentialSampler::make() : RandomSampler::make(5));
+  return run(loader, epochs);
+}
+
+// Each mode, with several worker counts and chunk sizes, and both copy engines: the batches are
+// the CPU path's, byte for byte, every sample is decoded once per epoch, the GPU decoded what it
+// was sent and the hardware takes, and the counts add up.
+TEST(GpuDecodeLoader, EveryModeDeliversTheCpuPathsBatches) {
+  const Corpus c = make_corpus(90, 3);
+  const std::vector<Batch> want = cpu_reference(c, 16, 2);
+  struct Case {
+    GpuDecode mode;
+    size_t workers, chunk;
+    bool late_copies;
+  };
+  const std::vector<Case> cases = {
+      {GpuDecode::fixed_share(0.5), 2, 4, false}, {GpuDecode::fixed_share(0.5), 3, 5, true},
+      {GpuDecode::hardware_only(), 1, 16, false}, {GpuDecode::hardware_only(), 2, 3, true},
+      {GpuDecode::automatic(), 2, 4, false},      {GpuDecode::automatic(), 3, 8, true},
+      {GpuDecode::fixed_share(0.0), 2, 4, false},
+  };
+  for (const Case& k : cases) {
+    const std::string where = "mode " + std::to_string(static_cast<int>(k.mode.mode)) + " share " +
+                              std::to_string(k.mode.share) + ", " + std::to_string(k.workers) +
+                              " workers, chunk " + std::to_string(k.chunk);
+    SCOPED_TRACE(where);
+    auto decoders = std::make_shared<SimulatedDeviceDecoders>();
+    std::unique_ptr<CopyEngine> engine;
+    if (k.late_copies) {
+      engine = std::make_unique<LateCopyEngine>(2ms);
+    } else {
+      engine = std::make_unique<InstantCopyEngine>();
+    }
+    DataLoader loader(source_of(c), options(16, k.workers, k.chunk, simulated(k.mode, decoders)),
+                      RandomSampler::make(5), std::move(engine));
+    EXPECT_NE(loader.mode().find("GPU decode: simulated device decoder on cpu"), std::string::npos)
+        << loader.mode();
+    expect_same_batches(run(loader, 2), want, where);
+    const LoaderStats s = loader.stats();
+    EXPECT_TRUE(s.gpu_decode.active);
+    EXPECT_EQ(s.gpu_decode.gpu_images + s.gpu_decode.cpu_images, s.samples);
+    EXPECT_EQ(s.gpu_decode.gpu_images, decoders->record()->decoded.size());
+    EXPECT_EQ(s.gpu_decode.failed_batches, 0u);
+    EXPECT_EQ(decoders->record()->decoders, 1u);
+    for (const auto& [epoch, index] : decoders->record()->decoded) {
+      EXPECT_EQ(c.refused.count(index), 0u) << "the device decoded a file it refuses";
+    }
+    if (k.mode.mode == GpuDecode::Mode::kShare) {
+      // Exactly the samples the share sends there, less those the hardware refuses.
+      std::set<std::pair<uint64_t, size_t>> expected;
+      size_t refused = 0;
+      for (uint64_t e = 0; e < 2; ++e) {
+        for (size_t i = 0; i < c.files.size(); ++i) {
+          if (fixed_share_decoder(k.mode.share, 11, e, i) != Decoder::kGpu) continue;
+          if (c.refused.count(i)) {
+            ++refused;
+          } else {
+            expected.emplace(e, i);
+          }
+        }
+      }
+      EXPECT_EQ(decoders->record()->decoded, expected);
+      EXPECT_EQ(s.gpu_decode.refused, refused);
+    } else {
+      EXPECT_GT(s.gpu_decode.gpu_images, 0u);
+      EXPECT_GT(s.gpu_decode.cpu_images, 0u);
+      EXPECT_GT(s.gpu_decode.gpu_ns_per_image, 0.0);
+      EXPECT_GT(s.gpu_decode.cpu_ns_per_image, 0.0);
+    }
+    EXPECT_GT(s.gpu_decode.gpu_idle_seconds + s.gpu_decode.gpu_busy_seconds, 0.0);
+  }
+}
+
+// A fixed share is a pure function of (seed, epoch, index): the same samples go to the device
+// whatever the workers and chunk size, and an epoch resumed from a checkpoint sends its remaining
+// samples where the uninterrupted run did (and so has the same bytes).
+TEST(GpuDecodeLoader, AFixedShareSendsEachSampleWhereItWentBeforeAcrossResume) {
+  const Corpus c = make_corpus(60, 8);
+  const GpuDecode share = GpuDecode::fixed_share(0.6);
+  auto whole = std::make_shared<SimulatedDeviceDecoders>();
+  DataLoader uninterrupted(source_of(c), options(8, 2, 3, simulated(share, whole)),
+                           RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
+  const std::vector<Batch> want = run(uninterrupted, 1);
+
+  std::string checkpoint;
+  {
+    auto first = std::make_shared<SimulatedDeviceDecoders>();
+    DataLoader loader(source_of(c), options(8, 3, 5, simulated(share, first)),
+                      RandomSampler::make(5), std::make_unique<LateCopyEngine>(1ms));
+    for (int i = 0; i < 3; ++i) ASSERT_TRUE(loader.next());
+    torch::serialize::OutputArchive archive;
+    loader.save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    checkpoint = out.str();
+  }
+  auto second = std::make_shared<SimulatedDeviceDecoders>();
+  DataLoader resumed(source_of(c), options(8, 1, 8, simulated(share, second)),
+                     RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
+  torch::serialize::InputArchive archive;
+  std::istringstream in(checkpoint);
+  archive.load_from(in);
+  resumed.load(archive);
+  std::vector<Batch> rest;
+  for (Batch& b : resumed) rest.push_back(b);
+  expect_same_batches(rest, std::vector<Batch>(want.begin() + 3, want.end()), "resumed");
+  // The resumed run's device decodes are the uninterrupted run's, less the first 3 batches'.
+  std::set<size_t> first_batches;
+  for (size_t i = 0; i < 3; ++i)
+    first_batches.insert(want[i].indices.begin(), want[i].indices.end());
+  std::set<std::pair<uint64_t, size_t>> expected;
+  for (const auto& d : whole->record()->decoded) {
+    if (!first_batches.count(d.second)) expected.insert(d);
+  }
+  EXPECT_EQ(second->record()->decoded, expected);
+}
+
+// Resume works in every mode: a checkpoint taken mid-epoch (with other workers and chunks)
+// continues with the batches an uninterrupted run has next, every sample once.
+TEST(GpuDecodeLoader, ResumeContinuesTheEpochInEveryMode) {
+  const Corpus c = make_corpus(56, 12);
+  const std::vector<Batch> want = cpu_reference(c, 8, 1);
+  for (GpuDecode mode :
+       {GpuDecode::fixed_share(0.3), GpuDecode::hardware_only(), GpuDecode::automatic()}) {
+    SCOPED_TRACE("mode " + std::to_string(static_cast<int>(mode.mode)) + " share " +
+                 std::to_string(mode.share));
+    std::string checkpoint;
+    {
+      DataLoader loader(
+          source_of(c),
+          options(8, 2, 3, simulated(mode, std::make_shared<SimulatedDeviceDecoders>())),
+          RandomSampler::make(5), std::make_unique<LateCopyEngine>(1ms));
+      for (int i = 0; i < 4; ++i) ASSERT_TRUE(loader.next());
+      torch::serialize::OutputArchive archive;
+      loader.save(archive);
+      std::ostringstream out;
+      archive.save_to(out);
+      checkpoint = out.str();
+    }
+    DataLoader resumed(
+        source_of(c),
+        options(8, 3, 8, simulated(mode, std::make_shared<SimulatedDeviceDecoders>())),
+        RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
+    torch::serialize::InputArchive archive;
+    std::istringstream in(checkpoint);
+    archive.load_from(in);
+    resumed.load(archive);
+    std::vector<Batch> rest;
+    for (Batch& b : resumed) rest.push_back(b);
+    expect_same_batches(rest, std::vector<Batch>(want.begin() + 4, want.end()), "resumed");
+  }
+}
+
+// A corrupt file and a truncated one sent to the device: under kRaise the batch fails with a
+// SampleError naming the file and the sample, as on the CPU; under kSkip they are counted and
+// substituted, and the batches are the CPU path's.
+TEST(GpuDecodeLoader, BadFilesSentToTheDeviceFollowTheErrorPolicy) {
+  Corpus c = make_corpus(40, 21, /*mixed=*/false);
+  std::vector<uint8_t>& broken = c.files[9];
+  for (size_t i = 2; i < 300 && i < broken.size(); ++i) broken[i] = static_cast<uint8_t>(i * 37);
+  c.files[17].resize(c.files[17].size() / 2);
+  const GpuDecode all = GpuDecode::hardware_only();
+  {
+    auto decoders = std::make_shared<SimulatedDeviceDecoders>();
+    LoaderOptions o = options(8, 2, 4, simulated(all, decoders));
+    DataLoader loader(source_of(c), o, SequentialSampler::make(),
+                      std::make_unique<InstantCopyEngine>());
+    std::vector<size_t> failed;
+    for (;;) {
+      try {
+        std::optional<Batch> b = loader.next();
+        if (!b) break;
+      } catch (const SampleError& e) {
+        failed.push_back(e.index());
+        EXPECT_NE(std::string(e.what()).find("sample " + std::to_string(e.index())),
+                  std::string::npos)
+            << e.what();
+        EXPECT_NE(e.path().find(std::to_string(e.index())), std::string::npos) << e.path();
+      }
+    }
+    EXPECT_EQ(failed, (std::vector<size_t>{9, 17}));
+  }
+  {
+    auto decoders = std::make_shared<SimulatedDeviceDecoders>();
+    LoaderOptions o = options(8, 2, 4, simulated(all, decoders));
+    o.on_error = ErrorPolicy::kSkip;
+    DataLoader loader(source_of(c), o, RandomSampler::make(5),
+                      std::make_unique<LateCopyEngine>(1ms));
+    expect_same_batches(run(loader, 1), cpu_reference(c, 8, 1, ErrorPolicy::kSkip), "skip");
+    const LoaderStats s = loader.stats();
+    EXPECT_EQ(s.skipped, 2u);
+    std::set<size_t> skipped;
+    for (const SkippedSample& k : s.skipped_samples) skipped.insert(k.index);
+    EXPECT_EQ(skipped, (std::set<size_t>{9, 17}));
+    EXPECT_EQ(s.gpu_decode.refused, 2u);  // both left to the CPU path, which named them
+  }
+}
+
+// A failure of the device decode itself (a CUDA error) fails the batch it was decoding, with the
+// error's name, and the loader goes on with the next batch.
+TEST(GpuDecodeLoader, ADeviceFailureFailsItsBatchWithTheErrorsName) {
+  const Corpus c = make_corpus(48, 30, /*mixed=*/false);
+  auto decoders = std::make_shared<SimulatedDeviceDecoders>(0us, std::set<size_t>{1});
+  // One worker and one GPU job per batch (chunk = batch), in order: decode call 1 is batch 1's.
+  LoaderOptions o = options(8, 1, 8, simulated(GpuDecode::hardware_only(), decoders));
+  DataLoader loader(source_of(c), o, SequentialSampler::make(),
+                    std::make_unique<InstantCopyEngine>());
+  const std::vector<Batch> want = cpu_reference(c, 8, 1, ErrorPolicy::kRaise, true);
+  size_t good = 0, failures = 0;
+  for (size_t i = 0;; ++i) {
+    try {
+      std::optional<Batch> b = loader.next();
+      if (!b) break;
+      EXPECT_TRUE(b->images().equal(want[b->sequence].images())) << "batch " << b->sequence;
+      ++good;
+    } catch (const SampleError& e) {
+      ++failures;
+      EXPECT_EQ(i, 1u);
+      EXPECT_NE(std::string(e.what()).find("cudaErrorIllegalAddress"), std::string::npos)
+          << e.what();
+      EXPECT_EQ(e.index(), 8u) << e.what();
+    }
+  }
+  EXPECT_EQ(good, 5u);
+  EXPECT_EQ(failures, 1u);
+  EXPECT_EQ(loader.stats().gpu_decode.failed_batches, 1u);
+}
+
+// Breaking out of epochs and destroying the loader while the decode thread is mid-chunk: no
+// hang, nothing delivered twice, and the next epoch's batches are whole.
+TEST(GpuDecodeLoader, BreakingOffAndDestroyingMidEpochWithDeviceJobsInFlight) {
+  const Corpus c = make_corpus(64, 40);
+  const std::vector<Batch> want = cpu_reference(c, 8, 3);
+  for (GpuDecode mode : {GpuDecode::fixed_share(0.7), GpuDecode::automatic()}) {
+    finishes_within(60s, "break and destroy with GPU decode", [&] {
+      auto decoders = std::make_shared<SimulatedDeviceDecoders>(2ms);
+      DataLoader loader(source_of(c), options(8, 2, 4, simulated(mode, decoders)),
+                        RandomSampler::make(5), std::make_unique<LateCopyEngine>(1ms));
+      for (Batch& b : loader) {  // epoch 0: one batch, then break
+        EXPECT_TRUE(b.images().equal(want[0].images()));
+        break;
+      }
+      std::vector<Batch> epoch1;
+      for (Batch& b : loader) epoch1.push_back(b);  // a whole epoch after the break
+      expect_same_batches(epoch1, std::vector<Batch>(want.begin() + 8, want.begin() + 16),
+                          "the epoch after a break");
+      loader.start_epoch();
+      ASSERT_TRUE(loader.next());  // epoch 2 under way: destroyed mid-epoch
+    });
+  }
+}
+
+// Where GPU decode cannot run, the loader decodes everything on the CPU, as with kOff, and says
+// why: a loader on the CPU, a source that is not an ImageSource, and nvJPEG on a copy stage
+// whose device is not a CUDA device (or, on this machine, whatever gpu_decode_status() says).
+TEST(GpuDecodeLoader, WhereItCannotRunTheCpuDecodesAndTheLoaderSaysWhy) {
+  const Corpus c = make_corpus(24, 50);
+  const std::vector<Batch> want = cpu_reference(c, 8, 1);
+  {
+    DataLoader loader(source_of(c), options(8, 2, 0, GpuDecode::automatic()),
+                      RandomSampler::make(5));
+    expect_same_batches(run(loader, 1), want, "CPU device");
+    EXPECT_NE(loader.mode().find("GPU decode unused: batches go to the CPU"), std::string::npos)
+        << loader.mode();
+    EXPECT_FALSE(loader.stats().gpu_decode.active);
+    EXPECT_EQ(loader.stats().gpu_decode.status.rfind("GPU decode unused", 0), 0u);
+  }
+  {
+    DataLoader loader(source_of(c), options(8, 2, 0, GpuDecode::hardware_only()),
+                      RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
+    expect_same_batches(run(loader, 1), want, "nvJPEG without a CUDA device");
+    const GpuDecodeStats s = loader.stats().gpu_decode;
+    EXPECT_FALSE(s.active);
+    EXPECT_EQ(s.status.rfind("GPU decode unavailable: ", 0), 0u) << s.status;
+    EXPECT_EQ(s.gpu_images, 0u);
+    EXPECT_NE(loader.mode().find(s.status), std::string::npos);
+  }
+  {
+    DataLoader loader(
+        std::make_shared<PatternSource>(20, 64),
+        options(4, 2, 0,
+                simulated(GpuDecode::hardware_only(), std::make_shared<SimulatedDeviceDecoders>())),
+        SequentialSampler::make(), std::make_unique<InstantCopyEngine>());
+    EXPECT_EQ(run(loader, 1).size(), 5u);
+    EXPECT_NE(loader.mode().find("the source is not an ImageSource"), std::string::npos)
+        << loader.mode();
+  }
+  {
+    LoaderOptions o = options(8, 2, 0, GpuDecode::off());
+    DataLoader loader(source_of(c), o, RandomSampler::make(5),
+                      std::make_unique<InstantCopyEngine>());
+    expect_same_batches(run(loader, 1), want, "off");
+    EXPECT_EQ(loader.stats().gpu_decode.status, "off");
+    EXPECT_EQ(loader.mode().find("GPU decode"), std::string::npos) << loader.mode();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// On a GPU with hardware JPEG engines: nvJPEG's hardware backend in the loader.
+
+class GpuDecodeLoaderGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const GpuDecodeStatus status = gpu_decode_status();
+    if (!status.available) GTEST_SKIP() << status.reason;
+  }
+};
+
+struct Difference {
+  int max_abs = 0;
+  double psnr = INFINITY;
+};
+Difference compare(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor d = (a.to(at::kInt) - b.to(at::kInt)).abs();
+  Difference out;
+  out.max_abs = d.max().item<int>();
+  const double mse = d.to(at::kDouble).pow(2).mean().item<double>();
+  if (mse > 0) out.psnr = 10 * std::log10(255.0 * 255.0 / mse);
+  return out;
+}
+
+// Every mode on cuda:0 against the CPU path on a mixed corpus (photos of 500 x 375 and the
+// kinds the hardware refuses): the same samples, labels and crops, each image within the stated
+// tolerance, refused files decoded on the CPU, and a fixed share bit-exact from run to run.
+TEST_F(GpuDecodeLoaderGpu, BatchesMatchTheCpuPathWithinTheTolerance) {
+  Corpus c;
+  for (size_t i = 0; i < 96; ++i) {
+    c.files.push_back(make_photo_jpeg(i % 3 == 0 ? 375 : 500, i % 3 == 0 ? 500 : 375, 70 + i, 90));
+    c.labels.push_back(static_cast<int64_t>(i % 10));
+  }
+  const Corpus odd = make_corpus(32, 4);
+  for (size_t i = 0; i < odd.files.size(); ++i) {
+    c.files.push_back(odd.files[i]);
+    c.labels.push_back(odd.labels[i]);
+  }
+  auto source = [&] {
+    return ImageSource::in_memory(c.files, c.labels, ImageTransform::train(224));
+  };
+  LoaderOptions cpu = options(32, 4, 0, GpuDecode::off());
+  DataLoader reference(source(), cpu, RandomSampler::make(5));
+  const std::vector<Batch> want = run(reference, 1);
+  for (GpuDecode mode :
+       {GpuDecode::hardware_only(), GpuDecode::fixed_share(0.5), GpuDecode::automatic()}) {
+    LoaderOptions o = options(32, 4, 8, mode);
+    o.device = c10::Device("cuda:0");
+    std::vector<Batch> runs[2];
+    GpuDecodeStats stats;
+    for (auto& r : runs) {
+      DataLoader loader(source(), o, RandomSampler::make(5));
+      ASSERT_NE(loader.mode().find("GPU decode: nvJPEG hardware backend on cuda:0"),
+                std::string::npos)
+          << loader.mode();
+      for (Batch& b : loader) r.push_back(b);
+      stats = loader.stats().gpu_decode;
+    }
+    ASSERT_EQ(runs[0].size(), want.size());
+    int worst_abs = 0;
+    double worst_psnr = INFINITY;
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(runs[0][i].indices, want[i].indices);
+      EXPECT_TRUE(runs[0][i].labels().cpu().equal(want[i].labels()));
+      const at::Tensor got = runs[0][i].images().cpu();
+      for (int64_t r = 0; r < got.size(0); ++r) {
+        const Difference d = compare(got[r], want[i].images()[r]);
+        EXPECT_LE(d.max_abs, GpuCropDecoder::kMaxAbsDiff) << "batch " << i << " row " << r;
+        EXPECT_GE(d.psnr, GpuCropDecoder::kMinPsnr) << "batch " << i << " row " << r;
+        worst_abs = std::max(worst_abs, d.max_abs);
+        worst_psnr = std::min(worst_psnr, d.psnr);
+      }
+      if (mode.mode == GpuDecode::Mode::kShare) {
+        EXPECT_TRUE(runs[0][i].images().equal(runs[1][i].images())) << "not bit-exact, batch " << i;
+      }
+    }
+    EXPECT_GT(stats.gpu_images, 0u);
+    EXPECT_GT(stats.refused, 0u);
+    std::printf(
+        "GPU decode in the loader, %s: %llu images on the GPU, %llu on the CPU (%llu refused), "
+        "max abs diff %d, worst PSNR %.1f dB\n",
+        stats.status.c_str(), static_cast<unsigned long long>(stats.gpu_images),
+        static_cast<unsigned long long>(stats.cpu_images),
+        static_cast<unsigned long long>(stats.refused), worst_abs, worst_psnr);
+  }
+}
+
+}  // namespace
+}  // namespace conveyor
