@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -142,10 +143,11 @@ BenchConfig parse_command_line(int argc, char** argv) {
   app.add_option("--compare", compare,
                  "reference runs, comma-separated: ceiling, torch, torch-fused, naive, all; they\n"
                  "read image files from a folder: the first --reference-data whose SOURCE is a\n"
-                 "folder, else --data (which must then be a folder)")
+                 "folder, else --data (which must then be a folder). cpu-decode: Conveyor itself\n"
+                 "on --data with --gpu-decode off, beside a --gpu-decode run (not in all)")
       ->type_name("LIST")
       ->delimiter(',')
-      ->check(CLI::IsMember({"ceiling", "torch", "torch-fused", "naive", "all"}));
+      ->check(CLI::IsMember({"ceiling", "torch", "torch-fused", "naive", "all", "cpu-decode"}));
   app.add_option(
          "--reference-data", references,
          "(repeatable) one more reference run, \"conveyor:NAME\": Conveyor itself with the\n"
@@ -159,6 +161,23 @@ BenchConfig parse_command_line(int argc, char** argv) {
   app.add_flag("--streaming", c.streaming,
                "read tar shards in streaming mode (whole shards in order through a shuffle buffer\n"
                "of 1000) instead of at random through their index");
+  app.add_option(
+         "--gpu-decode", c.gpu_decode,
+         "Conveyor also decodes on the GPU's hardware JPEG engines (nvJPEG; --device cuda):\n"
+         "off (default), auto (each chunk to the decoder that drains first), hw-only\n"
+         "(every file the hardware takes) or a share in [0, 1] of the samples; where it\n"
+         "cannot run, the table's mode line says why")
+      ->type_name("MODE")
+      ->check(
+          [](const std::string& text) {
+            try {
+              (void)GpuDecode::parse(text);
+              return std::string();
+            } catch (const std::invalid_argument& e) {
+              return std::string(e.what());
+            }
+          },
+          "off|auto|hw-only|SHARE");
   app.add_option("--json", c.json, "also write the figures as JSON")->type_name("FILE");
   app.add_option("--plot", c.plot,
                  "also draw them (matplotlib, from the JSON): FILE.svg or FILE.png shows images/s\n"
@@ -196,6 +215,13 @@ BenchConfig parse_command_line(int argc, char** argv) {
   for (const std::string& item : compare) {
     if (item == "all") {
       c.compare = {"ceiling", "torch", "torch-fused", "naive"};
+    } else if (item == "cpu-decode") {
+      if (GpuDecode::parse(c.gpu_decode).mode == GpuDecode::Mode::kOff) {
+        usage_error(app,
+                    "--compare cpu-decode is Conveyor with --gpu-decode off, beside a run "
+                    "with --gpu-decode auto, hw-only or a share");
+      }
+      c.cpu_decode_reference = true;
     } else {
       c.compare.push_back(item);
     }
@@ -228,7 +254,7 @@ BenchConfig parse_command_line(int argc, char** argv) {
   if (c.reference_folder.empty() && source_kind(c.data) == SourceKind::kImageFolder) {
     c.reference_folder = c.data;
   }
-  if (c.reference_folder.empty() && !c.compare.empty()) {
+  if (c.reference_folder.empty() && !c.compare.empty()) {  // cpu-decode reads --data
     usage_error(app, "--compare " + c.compare.front() +
                          " reads image files from a folder, but --data is tar shards (" +
                          source_kind_name(source_kind(c.data)) +

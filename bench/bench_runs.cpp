@@ -129,6 +129,7 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   o.max_workers = config.auto_workers ? config.workers : 0;
   o.device = parse_device(config.device);
   o.on_error = config.skip ? ErrorPolicy::kSkip : ErrorPolicy::kRaise;
+  o.gpu_decode = GpuDecode::parse(config.gpu_decode);
   // A streamed source brings its own order (the shard shuffle and the shuffle buffer): it is read
   // in sequence. tar_shards streams without being asked, too (pipe: shards, shards without an
   // index); a streamed source lists no items.
@@ -170,6 +171,7 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   LoaderStats s = loader.stats();
   r.active_workers = s.active_workers;
   r.active_workers_history = std::move(s.active_workers_history);
+  r.gpu_decode = s.gpu_decode;
   r.errors = s.errors;
   r.skipped = s.skipped;
   r.wait_fraction = s.wait_seconds / r.seconds;

@@ -60,6 +60,11 @@ struct BenchConfig {
   // Tar shards in streaming mode (whole shards in order, a shuffle buffer of 1000) instead of
   // random access through the index.
   bool streaming = false;
+  // --gpu-decode: Conveyor's LoaderOptions::gpu_decode (GpuDecode::parse's text), off by default.
+  std::string gpu_decode = "off";
+  // --compare cpu-decode: one more reference run, "conveyor:cpu-decode": Conveyor on `data` with
+  // gpu_decode off, in the same rounds (the hybrid's ratio against the CPU path).
+  bool cpu_decode_reference = false;
   std::string json;
   // --plot FILE.svg or FILE.png: the figures as pictures (bench/plot.h).
   std::string plot;
@@ -106,6 +111,9 @@ struct RunResult {
   // start and at every change.
   size_t active_workers = 0;
   std::vector<ActiveWorkers> active_workers_history;
+  // Conveyor's split between the CPU and the GPU decoder (stats().gpu_decode); status "off" for
+  // the references.
+  GpuDecodeStats gpu_decode;
 };
 
 // Conveyor on config.data (a folder or tar shards), named `name`.

@@ -131,6 +131,20 @@ void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const
   std::printf("CPU %.1f s over %.1f s (%.2f cores)  active workers %zu of %zu%s\n",
               main.cpu_seconds, main.seconds, main.cpu_seconds / std::max(1e-9, main.seconds),
               main.active_workers, c.workers, c.auto_workers ? " (auto)" : "");
+  const GpuDecodeStats& g = main.gpu_decode;
+  if (g.active) {
+    std::printf(
+        "GPU decode: %s; %.1f%% of the images on the GPU (%llu), %llu on the CPU (%llu refused "
+        "there), %llu failed batches; decode thread busy %.1f s, idle %.1f s; workers idle %.1f "
+        "s\n",
+        g.status.c_str(), 100.0 * g.gpu_share(), static_cast<unsigned long long>(g.gpu_images),
+        static_cast<unsigned long long>(g.cpu_images), static_cast<unsigned long long>(g.refused),
+        static_cast<unsigned long long>(g.failed_batches), g.gpu_busy_seconds, g.gpu_idle_seconds,
+        g.cpu_idle_seconds);
+  } else if (g.status != "off") {
+    std::printf("%s\n",
+                g.status.c_str());  // why not: "GPU decode unused: ...", "... unavailable: ..."
+  }
   for (const auto& [k, v] : main.extra) std::printf("%s %.3f\n", k.c_str(), v);
   if (!main.scale_shares.empty()) {
     std::printf("DCT scale share:");
@@ -148,6 +162,22 @@ nlohmann::ordered_json history_json(const RunResult& r) {
   return out;
 }
 
+// A run's split between the decoders (RunResult::gpu_decode).
+nlohmann::ordered_json gpu_decode_json(const GpuDecodeStats& g) {
+  return {{"active", g.active},
+          {"status", g.status},
+          {"gpu_images", g.gpu_images},
+          {"cpu_images", g.cpu_images},
+          {"gpu_share", g.gpu_share()},
+          {"refused", g.refused},
+          {"failed_batches", g.failed_batches},
+          {"gpu_busy_seconds", g.gpu_busy_seconds},
+          {"gpu_idle_seconds", g.gpu_idle_seconds},
+          {"cpu_idle_seconds", g.cpu_idle_seconds},
+          {"cpu_ns_per_image", g.cpu_ns_per_image},
+          {"gpu_ns_per_image", g.gpu_ns_per_image}};
+}
+
 // The figures as JSON: flat keys for the table's figures (Conveyor's, then each reference's
 // under its name), and "runs", every run's details, which --plot draws (bench/plot.py).
 nlohmann::ordered_json figures(const BenchConfig& c, const std::vector<RunResult>& runs,
@@ -163,6 +193,8 @@ nlohmann::ordered_json figures(const BenchConfig& c, const std::vector<RunResult
   j["auto_workers"] = c.auto_workers;
   j["active_workers"] = main.active_workers;
   j["active_workers_history"] = history_json(main);
+  j["gpu_decode_mode"] = c.gpu_decode;
+  j["gpu_decode"] = gpu_decode_json(main.gpu_decode);
   j["epochs"] = c.epochs;
   j["rounds"] = c.rounds;
   j["crop"] = c.crop;
@@ -197,6 +229,7 @@ nlohmann::ordered_json figures(const BenchConfig& c, const std::vector<RunResult
                        {"cpu_seconds", r.cpu_seconds},
                        {"active_workers", r.active_workers},
                        {"active_workers_history", history_json(r)},
+                       {"gpu_decode", gpu_decode_json(r.gpu_decode)},
                        {"timeline", r.timeline},
                        {"batch_ms", r.batch_ms},
                        {"time_split", r.time_split}});
@@ -278,13 +311,20 @@ int main(int argc, char** argv) {
         throw std::runtime_error(name + " on " + data + ": " + e.what());
       }
     };
-    // The references, in table order: Conveyor on each --reference-data, then --compare's runs on
-    // the reference folder.
+    // The references, in table order: Conveyor on each --reference-data, Conveyor without GPU
+    // decode (--compare cpu-decode), then --compare's runs on the reference folder.
     std::vector<std::function<RunResult()>> references;
     for (const auto& ref : config.reference_data) {
       BenchConfig c = config;
       c.data = ref.data;
       const std::string name = "conveyor:" + ref.name;
+      references.push_back(
+          [=] { return named(name, c.data, [&] { return run_conveyor(c, name); }); });
+    }
+    if (config.cpu_decode_reference) {
+      BenchConfig c = config;
+      c.gpu_decode = "off";
+      const std::string name = "conveyor:cpu-decode";
       references.push_back(
           [=] { return named(name, c.data, [&] { return run_conveyor(c, name); }); });
     }

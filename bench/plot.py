@@ -12,10 +12,12 @@ wrote; it can also be run by hand on any JSON that conveyor-bench --json wrote. 
     cumulative distribution per run that delivers batches;
   - the time split of each Conveyor run per image: worker time reading, decoding, transforming
     (resize, flip, layout) and in the engine's other fill work; consumer time issuing copies,
-    waiting for a batch, and in the loop's own work.
+    waiting for a batch, and in the loop's own work; with --gpu-decode, the GPU decode thread's
+    time busy and idle, and each decoder's share of the images (also in the rate's legend).
 Every figure printed (images/s, ratios, p50 and p99) is the bench's own, read from the JSON; the
 script only draws. Text stays text in an SVG (svg.fonttype none), and each line is a group whose
-id names it ("rate:RUN", "latency:RUN", "workers:RUN"), so that a test can find them.
+id names it ("rate:RUN", "latency:RUN", "workers:RUN"; GPU decode's bars "gpu:RUN:KEY"), so that a
+test can find them.
 """
 import json
 import sys
@@ -37,6 +39,15 @@ WORKER_STAGES = [("read", "read", "#9ecae1"), ("decode", "decode", "#3182bd"),
 CONSUMER_STAGES = [("copy_issue", "copy issue", "#74c476"),
                    ("wait", "waiting for a batch", "#de2d26"),
                    ("loop", "the loop's own work", "#d9d9d9")]
+# GPU decode's thread (--gpu-decode): its time on chunks and waiting for one (gpu_decode in the JSON).
+GPU_STAGES = [("gpu_busy_seconds", "GPU decode: busy", "#6a51a3"),
+              ("gpu_idle_seconds", "GPU decode: idle", "#dadaeb")]
+
+
+def gpu_decode(run):
+    """The run's split between the decoders when GPU decode ran in it, else None."""
+    g = run.get("gpu_decode") or {}
+    return g if g.get("active") else None
 
 
 def colour(i):
@@ -107,6 +118,8 @@ def plot_rates(ax, runs):
     for i, r in enumerate(runs):
         xs, ys = rate_series(r["timeline"], window)
         label = f"{r['name']}: {r['images_per_s']:.1f} ({r['ratio']:.2f}x)"
+        if gpu_decode(r):
+            label += f", {gpu_decode(r)['gpu_share']:.0%} decoded on the GPU"
         (line,) = ax.plot(xs, ys, color=colour(i), linewidth=2, label=label)
         line.set_gid("rate:" + r["name"])
         handles.append(line)
@@ -162,11 +175,20 @@ def plot_split(ax, runs):
         copy = r["time_split"].get("copy_issue", 0.0) * per
         wait = r["time_split"].get("wait", 0.0) * per
         consumer = [copy, wait, max(0.0, r["seconds"] * per - copy - wait)]
-        for values, stages, what in ((worker, WORKER_STAGES, f"workers ({r['workers']})"),
-                                     (consumer, CONSUMER_STAGES, "consumer")):
+        bars = [(worker, WORKER_STAGES, f"workers ({r['workers']})"),
+                (consumer, CONSUMER_STAGES, "consumer")]
+        g = gpu_decode(r)
+        if g:  # the decode thread's busy and idle time, and each decoder's share of the images
+            bars[0] = (worker, WORKER_STAGES, f"workers ({r['workers']}), {1 - g['gpu_share']:.0%}")
+            bars.append(([g[key] * per for key, _, _ in GPU_STAGES], GPU_STAGES,
+                         f"GPU decode, {g['gpu_share']:.0%}"))
+        for values, stages, what in bars:
             left = 0.0
-            for v, (_, _, c) in zip(values, stages):
-                ax.barh(y, v, left=left, color=c, height=0.7)
+            for v, (key, _, c) in zip(values, stages):
+                bar = ax.barh(y, v, left=left, color=c, height=0.7)
+                if stages is GPU_STAGES:
+                    for patch in bar.patches:
+                        patch.set_gid(f"gpu:{r['name']}:{key}")
                 left += v
             ax.text(left, y, f" {left:.1f}", va="center", fontsize=9)
             labels.append((y, f"{r['name']}: {what}, ms"))
@@ -174,8 +196,8 @@ def plot_split(ax, runs):
         y -= 0.5
     ax.set_yticks([p for p, _ in labels], [text for _, text in labels], fontsize=9)
     ax.set_xlabel("ms per image (workers: summed over worker threads; consumer: the loop's thread)")
-    handles = [matplotlib.patches.Patch(color=c, label=label)
-               for _, label, c in WORKER_STAGES + CONSUMER_STAGES]
+    stages = WORKER_STAGES + CONSUMER_STAGES + (GPU_STAGES if any(map(gpu_decode, split)) else [])
+    handles = [matplotlib.patches.Patch(color=c, label=label) for _, label, c in stages]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8,
               frameon=False)
 

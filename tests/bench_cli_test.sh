@@ -5,6 +5,7 @@
 # and runs --workers auto.
 set -euo pipefail
 bench="$1"
+python="${2:-python3}"  # a Python with matplotlib: the one conveyor-bench --plot runs
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export CONVEYOR_CACHE="$tmp/cache"
@@ -125,4 +126,60 @@ if "$bench" --data "$folder" --epochs 1 --plot "$tmp/plot.pdf" >"$tmp/stdout" 2>
   fail "--plot FILE.pdf exited 0"
 fi
 grep -q "FILE.svg or FILE.png" "$tmp/stderr" || fail "--plot FILE.pdf: no clear error: $(cat "$tmp/stderr")"
+# --gpu-decode (issue 24): where it cannot run (--device cpu: GPU decode writes into device memory)
+# Conveyor decodes everything on the CPU, and the table and the JSON say why; a mode it does not
+# know is refused up front; the plot draws the decode thread's bars and each decoder's share for a
+# run that had GPU decode (the JSON edited to say so: no GPU here).
+"$bench" --data "$folder" --batch-size 8 --workers 2 --epochs 1 --rounds 1 --device cpu \
+  --gpu-decode auto --compare cpu-decode --json "$tmp/gpu.json" >"$tmp/stdout" 2>"$tmp/stderr" ||
+  fail "--gpu-decode auto on the CPU failed: $(cat "$tmp/stderr")"
+grep -q "^GPU decode unused: batches go to the CPU" "$tmp/stdout" ||
+  fail "--gpu-decode auto on the CPU: the table does not say why it is unused: $(cat "$tmp/stdout")"
+python3 - "$tmp/gpu.json" <<'PY' || fail "--gpu-decode JSON check failed"
+import json, sys
+j = json.load(open(sys.argv[1]))
+g = j["gpu_decode"]
+assert j["gpu_decode_mode"] == "auto" and j["images"] == 20, j
+assert g["active"] is False and g["gpu_images"] == 0, g
+assert g["status"].startswith("GPU decode unused: batches go to the CPU"), g
+assert j["runs"][0]["gpu_decode"] == g, j["runs"][0]
+# --compare cpu-decode: Conveyor without GPU decode in the same rounds, as a reference.
+assert j["conveyor_cpu_decode_images"] == 20 and j["conveyor_cpu_decode_ratio"] > 0, j
+cpu = [r for r in j["runs"] if r["name"] == "conveyor:cpu-decode"]
+assert cpu and cpu[0]["gpu_decode"]["status"] == "off", j["runs"]
+PY
+grep -Eq "^conveyor:cpu-decode +[0-9.]+ +20 " "$tmp/stdout" || fail "no conveyor:cpu-decode row: $(cat "$tmp/stdout")"
+if "$bench" --data "$folder" --epochs 1 --compare cpu-decode >"$tmp/stdout" 2>"$tmp/stderr"; then
+  fail "--compare cpu-decode without --gpu-decode exited 0"
+fi
+grep -q "cpu-decode is Conveyor with --gpu-decode off" "$tmp/stderr" ||
+  fail "--compare cpu-decode alone: no clear error: $(cat "$tmp/stderr")"
+for mode in 1.5 gpu; do
+  if "$bench" --data "$folder" --epochs 1 --gpu-decode "$mode" >"$tmp/stdout" 2>"$tmp/stderr"; then
+    fail "--gpu-decode $mode exited 0"
+  fi
+  grep -q "off, auto, hw-only or a share in \[0, 1\]" "$tmp/stderr" ||
+    fail "--gpu-decode $mode: no clear error: $(cat "$tmp/stderr")"
+done
+python3 - "$tmp/gpu.json" "$tmp/gpu-active.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["runs"][0]["gpu_decode"].update(active=True, gpu_share=0.4, gpu_images=8, cpu_images=12,
+                                  gpu_busy_seconds=0.5, gpu_idle_seconds=0.25)
+json.dump(j, open(sys.argv[2], "w"))
+PY
+"$python" "$(dirname "$bench")/conveyor-bench-plot.py" "$tmp/gpu-active.json" "$tmp/gpu.svg" ||
+  fail "plot.py failed on a run with GPU decode"
+python3 - "$tmp/gpu.svg" <<'PY' || fail "the plot of a run with GPU decode lacks its figures"
+import sys, xml.etree.ElementTree as ET
+svg = ET.parse(sys.argv[1]).getroot()
+ns = "{http://www.w3.org/2000/svg}"
+texts = " ".join(t.text or "" for t in svg.iter(ns + "text"))
+for want in ("40% decoded on the GPU", "GPU decode, 40%", "workers (2), 60%", "GPU decode: busy",
+             "GPU decode: idle"):
+    assert want in texts, f"plot lacks {want!r}"
+ids = {g.get("id") for g in svg.iter(ns + "g")}
+for want in ("gpu:conveyor:gpu_busy_seconds", "gpu:conveyor:gpu_idle_seconds"):
+    assert want in ids, f"no {want} bar"
+PY
 echo "conveyor-bench CLI: all checks passed"
