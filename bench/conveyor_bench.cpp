@@ -142,8 +142,7 @@ void print_table(const BenchConfig& c, const std::vector<RunResult>& runs, const
         static_cast<unsigned long long>(g.failed_batches), g.gpu_busy_seconds, g.gpu_idle_seconds,
         g.cpu_idle_seconds);
   } else if (g.status != "off") {
-    std::printf("%s\n",
-                g.status.c_str());  // why not: "GPU decode unused: ...", "... unavailable: ..."
+    std::printf("%s\n", g.status.c_str());  // why it did not run
   }
   for (const auto& [k, v] : main.extra) std::printf("%s %.3f\n", k.c_str(), v);
   if (!main.scale_shares.empty()) {
