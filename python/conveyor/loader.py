@@ -148,6 +148,14 @@ class DataLoader:
         prefetch_factor: batches copied to the device ahead of the loop (CUDA; default 2).
         in_order: deliver batches in sampler order (default True); False delivers them as they
             finish (then state_dict() mid-epoch is refused).
+        gpu_decode: with a CUDA ``device``, decode on the GPU's hardware JPEG engines (nvJPEG,
+            A100/H100/H200) as well as on the worker threads, each image straight into the
+            batch's device memory with the same crops: "off" (default), "auto" (each chunk to
+            the decoder whose queue drains first), "hw-only" (every file the hardware takes) or
+            a share in [0, 1] of the samples (a pure function of seed, epoch and index, so
+            resume and any num_workers give the same bytes). Where it cannot run, everything is
+            decoded on the CPU and stats()["gpu_decode"]["status"] says why; that dict also
+            gives each decoder's images and the decode thread's busy and idle seconds.
         max_substitutes, slots, chunk_size: the engine's LoaderOptions (loader.h).
         persistent_workers: accepted for compatibility: the workers always persist.
 
@@ -167,7 +175,8 @@ class DataLoader:
                  prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
                  pin_memory_device: str = "", in_order: bool = True, seed: int = 0,
                  device: Union[str, torch.device, None] = None, on_error: str = "raise",
-                 max_substitutes: int = 16, slots: int = 0, chunk_size: int = 0) -> None:
+                 max_substitutes: int = 16, slots: int = 0, chunk_size: int = 0,
+                 gpu_decode: Union[str, float] = "off") -> None:
         if not isinstance(dataset, Dataset):
             if isinstance(dataset, torch.utils.data.Dataset) or hasattr(dataset, "__getitem__"):
                 raise ValueError(
@@ -205,6 +214,9 @@ class DataLoader:
         if on_error not in ("raise", "skip"):
             raise ValueError(f"conveyor: DataLoader on_error must be 'raise' or 'skip', "
                              f"not {on_error!r}")
+        if isinstance(gpu_decode, bool) or not isinstance(gpu_decode, (str, int, float)):
+            raise ValueError(f"conveyor: DataLoader gpu_decode takes off, auto, hw-only or a "
+                             f"share in [0, 1], not {gpu_decode!r}")
         prefetch_factor = _positive_int(2 if prefetch_factor is None else prefetch_factor,
                                         "prefetch_factor")
         if sampler is not None and shuffle:
@@ -225,7 +237,7 @@ class DataLoader:
                                   _positive_int(max_substitutes, "max_substitutes", 0),
                                   device_name, bool(pin_memory), prefetch_factor,
                                   _positive_int(slots, "slots", 0),
-                                  _positive_int(chunk_size, "chunk_size", 0))
+                                  _positive_int(chunk_size, "chunk_size", 0), str(gpu_decode))
         self.dataset = dataset
         self.sampler = sampler
         self._cpp = _C.Loader(dataset._claim(), options, **sampler._spec(seed))

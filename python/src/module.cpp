@@ -4,6 +4,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -254,7 +255,8 @@ class Loader {
 LoaderOptions make_options(size_t batch_size, size_t workers, bool drop_last, bool enforce_ordering,
                            double timeout, uint64_t seed, const std::string& on_error,
                            size_t max_substitutes, const std::string& device, bool pin_memory,
-                           size_t prefetch_factor, size_t slots, size_t chunk_size) {
+                           size_t prefetch_factor, size_t slots, size_t chunk_size,
+                           const std::string& gpu_decode) {
   LoaderOptions o;
   o.batch_size = batch_size;
   o.workers = workers;
@@ -276,7 +278,18 @@ LoaderOptions make_options(size_t batch_size, size_t workers, bool drop_last, bo
   o.prefetch_factor = prefetch_factor;
   o.slots = slots;
   o.chunk_size = chunk_size;
+  o.gpu_decode = GpuDecode::parse(gpu_decode);
   return o;
+}
+
+// GpuDecode as GpuDecode::parse reads it back.
+std::string gpu_decode_text(const GpuDecode& g) {
+  if (g.mode == GpuDecode::Mode::kOff) return "off";
+  if (g.mode == GpuDecode::Mode::kAuto) return "auto";
+  if (g.share >= 1.0) return "hw-only";
+  std::ostringstream share;
+  share << g.share;
+  return share.str();
 }
 
 py::dict options_dict(const LoaderOptions& o) {
@@ -294,6 +307,7 @@ py::dict options_dict(const LoaderOptions& o) {
   d["prefetch_factor"] = o.prefetch_factor;
   d["slots"] = o.slots;
   d["chunk_size"] = o.chunk_size;
+  d["gpu_decode"] = gpu_decode_text(o.gpu_decode);
   return d;
 }
 
@@ -328,6 +342,21 @@ py::dict stats_dict(const LoaderStats& s) {
     history.append(py::make_tuple(a.batch, a.seconds, a.workers));
   }
   d["active_workers_history"] = history;
+  py::dict gpu;  // LoaderStats::gpu_decode: the split between the CPU and the GPU decoder
+  const GpuDecodeStats& g = s.gpu_decode;
+  gpu["active"] = g.active;
+  gpu["status"] = g.status;
+  gpu["gpu_images"] = g.gpu_images;
+  gpu["cpu_images"] = g.cpu_images;
+  gpu["gpu_share"] = g.gpu_share();
+  gpu["refused"] = g.refused;
+  gpu["failed_batches"] = g.failed_batches;
+  gpu["gpu_busy_seconds"] = g.gpu_busy_seconds;
+  gpu["gpu_idle_seconds"] = g.gpu_idle_seconds;
+  gpu["cpu_idle_seconds"] = g.cpu_idle_seconds;
+  gpu["cpu_ns_per_image"] = g.cpu_ns_per_image;
+  gpu["gpu_ns_per_image"] = g.gpu_ns_per_image;
+  d["gpu_decode"] = gpu;
   return d;
 }
 
@@ -468,7 +497,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("make_options", &make_options, py::arg("batch_size"), py::arg("workers"),
         py::arg("drop_last"), py::arg("enforce_ordering"), py::arg("timeout"), py::arg("seed"),
         py::arg("on_error"), py::arg("max_substitutes"), py::arg("device"), py::arg("pin_memory"),
-        py::arg("prefetch_factor"), py::arg("slots"), py::arg("chunk_size"));
+        py::arg("prefetch_factor"), py::arg("slots"), py::arg("chunk_size"), py::arg("gpu_decode"));
 
   py::class_<Loader>(m, "Loader")
       .def(py::init<Source&, conveyor::LoaderOptions, const std::string&, uint64_t, size_t, size_t,

@@ -47,3 +47,30 @@ def test_normalize_on_the_gpu_matches_the_cpu(photos):
     (ci, _), (gi, _) = next(iter(cpu)), next(iter(cuda))
     assert torch.allclose(conveyor.normalize(gi).cpu(), conveyor.normalize(ci), atol=1e-5)
     assert conveyor.normalize(gi, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_gpu_decode_on_the_hardware_engines_matches_the_cpu_path(photos):
+    """GPU decode where nvJPEG's hardware backend runs (A100, H100, H200): the same samples and
+    labels as the CPU path, each image within GpuCropDecoder's tolerance (max abs diff 48), and a
+    fixed share bit-exact from loader to loader."""
+    cpu, _ = loaders(photos)
+    probe = loaders(photos, gpu_decode="hw-only")[1]
+    split = probe.stats()["gpu_decode"]
+    if not split["active"]:
+        pytest.skip(split["status"])
+    want = [(i.clone(), l.clone()) for i, l in cpu]
+    for mode in ("hw-only", 0.5, "auto"):
+        first = [(i.cpu(), l.cpu()) for i, l in loaders(photos, gpu_decode=mode)[1]]
+        assert len(first) == len(want)
+        for (gi, gl), (ci, cl) in zip(first, want):
+            assert torch.equal(gl, cl)
+            assert (gi.int() - ci.int()).abs().max().item() <= 48
+        if mode == 0.5:
+            again = [i.cpu() for i, _ in loaders(photos, gpu_decode=mode)[1]]
+            assert all(torch.equal(a, b) for (a, _), b in zip(first, again))
+    loader = loaders(photos, gpu_decode="auto")[1]
+    for _ in loader:
+        pass
+    split = loader.stats()["gpu_decode"]
+    assert split["active"] and "nvJPEG hardware backend on cuda" in split["status"]
+    assert split["gpu_images"] + split["cpu_images"] == 27 and split["gpu_images"] > 0

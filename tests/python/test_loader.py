@@ -92,6 +92,25 @@ def test_cpu_path_says_it_is_the_cpu_path(photos):
     assert loader.device == torch.device("cpu") and not loader.is_pinned
 
 
+def test_gpu_decode_where_it_cannot_run_decodes_on_the_cpu_and_says_why(photos):
+    plain = [(i.clone(), l.clone()) for i, l in loader_for(photos, 2)]
+    for mode in ("auto", "hw-only", 0.5):
+        loader = loader_for(photos, 2, gpu_decode=mode)
+        got = [(i.clone(), l.clone()) for i, l in loader]
+        assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, plain))
+        assert len(got) == len(plain)
+        split = loader.stats()["gpu_decode"]
+        assert not split["active"] and split["gpu_images"] == 0
+        assert split["status"].startswith("GPU decode unused: batches go to the CPU"), split
+        assert split["status"] in loader.mode
+        assert loader.options["gpu_decode"] == str(mode)
+    assert loader_for(photos, 2).stats()["gpu_decode"]["status"] == "off"
+    ds = conveyor.ImageFolder(photos, transform=conveyor.RandomResizedCrop(CROP))
+    for bad in ("gpu", 1.5, -0.1, True, None):
+        with pytest.raises(ValueError, match="gpu_decode|GPU decode takes"):
+            conveyor.DataLoader(ds, gpu_decode=bad)
+
+
 def test_len_counts_batches_and_drop_last(photos):
     assert len(loader_for(photos, 1)) == 7  # 27 samples in batches of 4
     loader = loader_for(photos, 1, drop_last=True)
