@@ -87,6 +87,12 @@ LoaderOptions options(size_t batch, size_t workers, size_t chunk, GpuDecode gpu)
   return o;
 }
 
+GpuDecode with_threads(GpuDecode mode, size_t threads, size_t max_batch) {
+  mode.threads = threads;
+  mode.max_batch = max_batch;
+  return mode;
+}
+
 GpuDecode simulated(GpuDecode mode, std::shared_ptr<const DeviceDecoderFactory> decoders) {
   mode.decoder = std::move(decoders);
   return mode;
@@ -138,10 +144,16 @@ TEST(GpuDecodeLoader, EveryModeDeliversTheCpuPathsBatches) {
     bool late_copies;
   };
   const std::vector<Case> cases = {
-      {GpuDecode::fixed_share(0.5), 2, 4, false}, {GpuDecode::fixed_share(0.5), 3, 5, true},
-      {GpuDecode::hardware_only(), 1, 16, false}, {GpuDecode::hardware_only(), 2, 3, true},
-      {GpuDecode::automatic(), 2, 4, false},      {GpuDecode::automatic(), 3, 8, true},
+      {GpuDecode::fixed_share(0.5), 2, 4, false},
+      {GpuDecode::fixed_share(0.5), 3, 5, true},
+      {GpuDecode::hardware_only(), 1, 16, false},
+      {GpuDecode::hardware_only(), 2, 3, true},
+      {GpuDecode::automatic(), 2, 4, false},
+      {GpuDecode::automatic(), 3, 8, true},
       {GpuDecode::fixed_share(0.0), 2, 4, false},
+      {with_threads(GpuDecode::fixed_share(0.7), 1, 8), 2, 3, true},
+      {with_threads(GpuDecode::automatic(), 3, 4), 2, 4, true},
+      {with_threads(GpuDecode::hardware_only(), 3, 512), 1, 5, false},
   };
   for (const Case& k : cases) {
     const std::string where = "mode " + std::to_string(static_cast<int>(k.mode.mode)) + " share " +
@@ -165,7 +177,8 @@ TEST(GpuDecodeLoader, EveryModeDeliversTheCpuPathsBatches) {
     EXPECT_EQ(s.gpu_decode.gpu_images + s.gpu_decode.cpu_images, s.samples);
     EXPECT_EQ(s.gpu_decode.gpu_images, decoders->record()->decoded.size());
     EXPECT_EQ(s.gpu_decode.failed_batches, 0u);
-    EXPECT_EQ(decoders->record()->decoders, 1u);
+    EXPECT_EQ(decoders->record()->decoders, k.mode.threads);  // one per decode thread
+    EXPECT_LE(decoders->record()->largest_call, std::max(k.mode.max_batch, k.chunk) + k.chunk);
     for (const auto& [epoch, index] : decoders->record()->decoded) {
       EXPECT_EQ(c.refused.count(index), 0u) << "the device decoded a file it refuses";
     }
@@ -193,6 +206,23 @@ TEST(GpuDecodeLoader, EveryModeDeliversTheCpuPathsBatches) {
     }
     EXPECT_GT(s.gpu_decode.gpu_idle_seconds + s.gpu_decode.gpu_busy_seconds, 0.0);
   }
+}
+
+// A decode thread takes every chunk queued for the device into one call, up to max_batch images
+// (and less than a chunk more): the engines get batches, not chunks.
+TEST(GpuDecodeLoader, ADecodeCallTakesTheQueuedChunksUpToMaxBatch) {
+  const Corpus c = make_corpus(96, 17, /*mixed=*/false);
+  auto decoders = std::make_shared<SimulatedDeviceDecoders>(1ms);  // slow: chunks queue up
+  DataLoader loader(
+      source_of(c),
+      options(32, 2, 4, simulated(with_threads(GpuDecode::hardware_only(), 1, 16), decoders)),
+      RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
+  expect_same_batches(run(loader, 1), cpu_reference(c, 32, 1), "hw-only, one thread");
+  const auto& record = *decoders->record();
+  EXPECT_GT(record.largest_call, 4u) << "every call held one chunk";
+  EXPECT_LE(record.largest_call, 16u + 4u);
+  EXPECT_LT(record.calls, 96u / 4u);  // fewer calls than chunks
+  EXPECT_EQ(loader.stats().gpu_decode.gpu_images, 96u);
 }
 
 // A fixed share is a pure function of (seed, epoch, index): the same samples go to the device
@@ -325,8 +355,10 @@ TEST(GpuDecodeLoader, BadFilesSentToTheDeviceFollowTheErrorPolicy) {
 TEST(GpuDecodeLoader, ADeviceFailureFailsItsBatchWithTheErrorsName) {
   const Corpus c = make_corpus(48, 30, /*mixed=*/false);
   auto decoders = std::make_shared<SimulatedDeviceDecoders>(0us, std::set<size_t>{1});
-  // One worker and one GPU job per batch (chunk = batch), in order: decode call 1 is batch 1's.
-  LoaderOptions o = options(8, 1, 8, simulated(GpuDecode::hardware_only(), decoders));
+  // One GPU job per batch (chunk = batch), one decode thread, one job per call (max_batch = a
+  // chunk), in order: decode call 1 is batch 1's.
+  LoaderOptions o =
+      options(8, 1, 8, simulated(with_threads(GpuDecode::hardware_only(), 1, 8), decoders));
   DataLoader loader(source_of(c), o, SequentialSampler::make(),
                     std::make_unique<InstantCopyEngine>());
   const std::vector<Batch> want = cpu_reference(c, 8, 1, ErrorPolicy::kRaise, true);

@@ -7,6 +7,7 @@
 // GpuDecodeError (a CUDA error), and records which samples it decoded.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -30,6 +31,7 @@ class SimulatedDeviceDecoders : public DeviceDecoderFactory {
     std::mutex mutex;
     std::set<std::pair<uint64_t, size_t>> decoded;  // (epoch, index) written on the "device"
     size_t calls = 0;                               // decode() calls so far
+    size_t largest_call = 0;                        // the most images one call was given
     size_t decoders = 0;                            // decoders made
   };
 
@@ -62,16 +64,16 @@ class SimulatedDeviceDecoders : public DeviceDecoderFactory {
     Decoder(const ImageTransform& transform, std::shared_ptr<Record> record,
             std::chrono::microseconds per_image, std::set<size_t> fail_calls)
         : writer_(transform),
-          row_bytes_(static_cast<size_t>(transform.size) * static_cast<size_t>(transform.size) * 3),
           record_(std::move(record)),
           per_image_(per_image),
           fail_calls_(std::move(fail_calls)) {}
 
-    GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* rows) override {
+    GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* const* rows) override {
       size_t call = 0;
       {
         std::lock_guard<std::mutex> lock(record_->mutex);
         call = record_->calls++;
+        record_->largest_call = std::max(record_->largest_call, count);
       }
       if (fail_calls_.count(call)) {
         throw GpuDecodeError(
@@ -90,7 +92,7 @@ class SimulatedDeviceDecoders : public DeviceDecoderFactory {
             continue;
           }
           writer_.write(image.data, image.size, image.context,
-                        reinterpret_cast<std::byte*>(rows + k * row_bytes_));
+                        reinterpret_cast<std::byte*>(rows[k]));
         } catch (const std::exception& e) {
           result.failed.push_back({k, e.what()});
           continue;
@@ -103,7 +105,6 @@ class SimulatedDeviceDecoders : public DeviceDecoderFactory {
 
    private:
     ImageWriter writer_;
-    size_t row_bytes_;
     std::shared_ptr<Record> record_;
     std::chrono::microseconds per_image_;
     std::set<size_t> fail_calls_;

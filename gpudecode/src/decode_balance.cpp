@@ -30,8 +30,10 @@ Decoder fixed_share_decoder(double share, uint64_t seed, uint64_t epoch, size_t 
 }
 
 DecodeBalancer::DecodeBalancer(size_t cpu_workers, bool gpu_available,
-                               std::chrono::nanoseconds cpu_prior_per_image)
-    : workers_(std::max<size_t>(cpu_workers, 1)), gpu_available_(gpu_available) {
+                               std::chrono::nanoseconds cpu_prior_per_image, size_t gpu_batch)
+    : workers_(std::max<size_t>(cpu_workers, 1)),
+      gpu_available_(gpu_available),
+      gpu_batch_(gpu_batch) {
   const double prior = std::max(1.0, static_cast<double>(cpu_prior_per_image.count()));
   cost_ns_[kCpu] = prior;
   cost_ns_[kGpu] = prior / static_cast<double>(workers_);
@@ -41,8 +43,8 @@ Decoder DecodeBalancer::assign(size_t images) {
   std::lock_guard<std::mutex> lock(mutex_);
   Decoder d = Decoder::kCpu;
   if (gpu_available_) {
-    if (chunks_[kGpu] == 0) {
-      d = Decoder::kGpu;  // the engines would idle
+    if (chunks_[kGpu] == 0 || backlog_[kGpu] < gpu_batch_) {
+      d = Decoder::kGpu;  // the engines would idle, or decode a batch short
     } else if (chunks_[kCpu] < workers_) {
       d = Decoder::kCpu;  // a worker would idle
     } else {
@@ -69,6 +71,13 @@ void DecodeBalancer::finished(Decoder decoder, size_t images, std::chrono::nanos
       std::max(1.0, static_cast<double>(busy.count()) / static_cast<double>(images));
   cost_ns_[s] = measured_[s] ? 0.75 * cost_ns_[s] + 0.25 * per_image : per_image;
   measured_[s] = true;
+}
+
+void DecodeBalancer::abandoned(Decoder decoder, size_t images) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t s = slot(decoder);
+  backlog_[s] -= std::min(backlog_[s], images);
+  if (chunks_[s] > 0) --chunks_[s];
 }
 
 DecodeBalancer::Snapshot DecodeBalancer::snapshot() const {

@@ -276,6 +276,15 @@ const GpuDecodeStatus& GpuCropDecoder::status() const { return state_->probe.sta
 
 GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint8_t* device_rows,
                                        CUstream_st* stream) {
+  const ImageTransform& t = state_->options.transform;
+  const size_t row_bytes = static_cast<size_t>(t.size) * static_cast<size_t>(t.size) * 3;
+  std::vector<uint8_t*> rows(count);
+  for (size_t k = 0; k < count; ++k) rows[k] = device_rows + k * row_bytes;
+  return decode(images, count, rows.data(), stream);
+}
+
+GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint8_t* const* rows,
+                                       CUstream_st* stream) {
   State& s = *state_;
   if (count > s.options.max_batch) {
     throw std::invalid_argument("GpuCropDecoder::decode: " + std::to_string(count) +
@@ -287,7 +296,6 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
   const ImageTransform& t = s.options.transform;
   const NvjpegLibrary& lib = *s.probe.library;
   nv::Handle handle = s.probe.handle.get();
-  const size_t row_bytes = static_cast<size_t>(t.size) * static_cast<size_t>(t.size) * 3;
   const bool hwc = t.layout == ImageLayout::kHWC;
   const std::string batch_name = "a batch of " + std::to_string(count) + " images from " +
                                  images[0].name +
@@ -370,7 +378,7 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
       const uint8_t* roi = regions + s.offsets[k] +
                            static_cast<size_t>(plan.roi_y - region.y) * pitch +
                            static_cast<size_t>(plan.roi_x - region.x) * 3;
-      s.host_jobs.data()[k] = CropJob{plan, roi, pitch, device_rows + s.positions[k] * row_bytes};
+      s.host_jobs.data()[k] = CropJob{plan, roi, pitch, rows[s.positions[k]]};
     }
     check_nvjpeg(lib.batched_initialize(handle, s.state.get(), static_cast<int>(n), 1,
                                         static_cast<nv::OutputFormat>(nv::kOutputRgbi)),
@@ -431,7 +439,7 @@ class NvjpegDeviceDecoder final : public DeviceImageDecoder {
   NvjpegDeviceDecoder(const NvjpegDeviceDecoder&) = delete;
   NvjpegDeviceDecoder& operator=(const NvjpegDeviceDecoder&) = delete;
 
-  GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* rows) override {
+  GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* const* rows) override {
     return decoder_.decode(images, count, rows, stream_);
   }
 

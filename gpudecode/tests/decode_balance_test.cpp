@@ -136,6 +136,40 @@ TEST(DecodeBalancer, WithoutAGpuEverythingGoesToTheCpu) {
   EXPECT_DOUBLE_EQ(b.snapshot().cpu_ns_per_image, 1e6);
 }
 
+// A chunk that leaves its queue undecoded (a cancelled epoch) no longer counts as queued and does
+// not change the cost estimate: after a burst of abandoned GPU chunks the GPU is idle again and
+// gets the next chunk, and its cost is the one measured before.
+TEST(DecodeBalancer, AbandonedChunksLeaveTheQueueWithoutAMeasurement) {
+  DecodeBalancer b(2, true, nanoseconds(1'000'000));
+  ASSERT_EQ(b.assign(8), Decoder::kGpu);
+  b.finished(Decoder::kGpu, 8, std::chrono::microseconds(800));  // 100 us an image
+  for (int i = 0; i < 6; ++i) b.assign(8);
+  const DecodeBalancer::Snapshot queued = b.snapshot();
+  ASSERT_GT(queued.gpu_backlog, 0u);
+  ASSERT_GT(queued.cpu_backlog, 0u);
+  for (size_t k = 0; k < queued.gpu_backlog / 8; ++k) b.abandoned(Decoder::kGpu, 8);
+  for (size_t k = 0; k < queued.cpu_backlog / 8; ++k) b.abandoned(Decoder::kCpu, 8);
+  const DecodeBalancer::Snapshot after = b.snapshot();
+  EXPECT_EQ(after.gpu_backlog, 0u);
+  EXPECT_EQ(after.cpu_backlog, 0u);
+  EXPECT_DOUBLE_EQ(after.gpu_ns_per_image, 100'000.0);
+  EXPECT_DOUBLE_EQ(after.cpu_ns_per_image, 1'000'000.0);
+  EXPECT_EQ(b.assign(8), Decoder::kGpu);  // nothing queued there: the engines would idle
+}
+
+// With a GPU batch, the GPU always has a whole batch queued before the other rules apply (its
+// decode thread takes several chunks per call), and the CPU still gets a chunk per idle worker.
+TEST(DecodeBalancer, KeepsAWholeGpuBatchQueued) {
+  DecodeBalancer b(4, true, nanoseconds(1'000'000), /*gpu_batch=*/64);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(b.assign(8), Decoder::kGpu) << i;
+  EXPECT_EQ(b.snapshot().gpu_backlog, 64u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(b.assign(8), Decoder::kCpu) << i;  // an idle worker each
+  for (int i = 0; i < 4; ++i) {  // one call decoded 4 chunks
+    b.finished(Decoder::kGpu, 8, std::chrono::microseconds(800));
+  }
+  EXPECT_EQ(b.assign(8), Decoder::kGpu);  // 32 images queued there, fewer than a batch
+}
+
 // The fixed share: a pure function of (seed, epoch, index), near the share over many samples,
 // different per epoch, and all or nothing at 1 and 0.
 TEST(FixedShare, IsAPureFunctionOfTheSampleNearTheShare) {

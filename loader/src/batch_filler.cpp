@@ -93,7 +93,12 @@ bool BatchFiller::fill(size_t worker, uint32_t slot, size_t chunk, SlotMeta& met
   fill_ns_.fetch_add(static_cast<uint64_t>(busy.count()));
   if (hybrid) {
     hybrid_cpu_rows_.fetch_add(written, std::memory_order_relaxed);
-    if (balancer_ != nullptr) balancer_->finished(Decoder::kCpu, last - first, busy);
+    // kAuto's chunks are whole: a chunk cut short (cancelled, failed) measures nothing.
+    if (balancer_ != nullptr && written == last - first) {
+      balancer_->finished(Decoder::kCpu, last - first, busy);
+    } else if (balancer_ != nullptr) {
+      balancer_->abandoned(Decoder::kCpu, last - first);
+    }
   }
   return finish_job(slot, meta);
 }

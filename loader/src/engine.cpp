@@ -75,9 +75,9 @@ void DataLoader::Impl::build() {
     meta_.push_back(std::make_unique<detail::SlotMeta>());
     meta_.back()->indices.reserve(options_.batch_size);
   }
-  // GPU decode's thread reads samples as one more worker.
+  // GPU decode's threads read samples as more workers.
   const bool gpu_wanted = options_.gpu_decode.mode != GpuDecode::Mode::kOff;
-  source_->prepare(options_.workers + (gpu_wanted ? 1 : 0));
+  source_->prepare(options_.workers + (gpu_wanted ? options_.gpu_decode.threads : 0));
   filler_ =  // last but the threads: built() from here on
       std::make_unique<detail::BatchFiller>(*source_, shared_->ring, options_, order_, generation_);
   if (gpu_wanted) {
@@ -322,10 +322,12 @@ void DataLoader::Impl::cancel_epoch() {
   // Take back the jobs no worker started, then wait for the batches still being filled. A batch
   // whose last chunk is taken back here is collected here; otherwise the worker filling its last
   // chunk pushes it to completed_.
-  for (detail::JobQueue* queue : {&jobs_, gpu_ ? &gpu_->jobs() : nullptr}) {
+  for (const Decoder decoder : {Decoder::kCpu, Decoder::kGpu}) {
+    detail::JobQueue* queue = decoder == Decoder::kCpu ? &jobs_ : gpu_ ? &gpu_->jobs() : nullptr;
     while (queue != nullptr) {
       const std::optional<detail::Job> job = queue->try_take_back();
       if (!job) break;
+      if (gpu_) gpu_->taken_back(*job, *meta_[job->slot], decoder);
       if (detail::BatchFiller::abandon(*meta_[job->slot])) {
         ++collected_;
         shared_->ring.release(job->slot);

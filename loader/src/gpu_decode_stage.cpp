@@ -1,4 +1,4 @@
-// GpuDecodeStage (gpu_decode_stage.h): routing rows to the decoders, the decode thread's jobs,
+// GpuDecodeStage (gpu_decode_stage.h): routing rows to the decoders, the decode threads' calls,
 // and the runs of device rows handed to the copy stage.
 #include "gpu_decode_stage.h"
 
@@ -22,8 +22,16 @@ uint64_t nanoseconds_since(Clock::time_point t0) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
 }
 
-const char* mode_name(const GpuDecode& g) {
-  return g.mode == GpuDecode::Mode::kAuto ? "automatic split" : "fixed share";
+// The most images one decoder call gets: max_batch, and the last chunk taken may pass it by less
+// than a chunk.
+size_t call_capacity(const ResolvedOptions& o) { return o.gpu_decode.max_batch + o.chunk_size; }
+
+std::string describe_mode(const GpuDecode& g) {
+  std::string text = g.mode == GpuDecode::Mode::kAuto ? "automatic split" : "fixed share ";
+  if (g.mode == GpuDecode::Mode::kShare) {
+    text += std::to_string(std::clamp(g.share, 0.0, 1.0)).substr(0, 4);
+  }
+  return text + ", " + std::to_string(g.threads) + " decode thread" + (g.threads > 1 ? "s" : "");
 }
 
 }  // namespace
@@ -47,28 +55,28 @@ GpuDecodeStage::Plan GpuDecodeStage::make(const Parts& parts,
   }
   std::shared_ptr<const DeviceDecoderFactory> factory =
       wanted.decoder ? wanted.decoder : nvjpeg_hardware_decoders();
-  std::unique_ptr<DeviceImageDecoder> decoder;
+  std::vector<std::unique_ptr<DeviceImageDecoder>> decoders;
   try {
     const GpuDecodeStatus status = factory->status(*device);
     if (!status.available) {
       plan.status = status.reason;
       return plan;
     }
-    decoder = factory->make(images->transform(), *device, parts.options.chunk_size);
+    for (size_t t = 0; t < wanted.threads; ++t) {
+      decoders.push_back(factory->make(images->transform(), *device, call_capacity(parts.options)));
+    }
   } catch (const std::exception& e) {
     plan.status = unused + factory->name() + " could not be made: " + e.what();
     return plan;
   }
-  std::string status = factory->name() + " on " + device->str() + ", " + mode_name(wanted);
-  if (wanted.mode == GpuDecode::Mode::kShare) {
-    status += " " + std::to_string(std::clamp(wanted.share, 0.0, 1.0)).substr(0, 4);
-  }
-  plan.stage = std::make_unique<GpuDecodeStage>(parts, std::move(decoder), *device, status);
+  std::string status = factory->name() + " on " + device->str() + ", " + describe_mode(wanted);
+  plan.stage = std::make_unique<GpuDecodeStage>(parts, std::move(decoders), *device, status);
   plan.status = std::move(status);
   return plan;
 }
 
-GpuDecodeStage::GpuDecodeStage(const Parts& parts, std::unique_ptr<DeviceImageDecoder> decoder,
+GpuDecodeStage::GpuDecodeStage(const Parts& parts,
+                               std::vector<std::unique_ptr<DeviceImageDecoder>> decoders,
                                c10::Device device, std::string status)
     : source_(dynamic_cast<ImageSource&>(parts.source)),
       filler_(parts.filler),
@@ -77,14 +85,14 @@ GpuDecodeStage::GpuDecodeStage(const Parts& parts, std::unique_ptr<DeviceImageDe
       options_(parts.options),
       order_(parts.order),
       image_field_(0),  // ImageSource::fields(): image, label
-      worker_(parts.options.workers),
       status_(std::move(status)),
-      decoder_(std::move(decoder)),
       jobs_(parts.options.slots, parts.options.chunks_per_batch),
       chunk_decoders_(parts.options.chunks_per_batch, 0) {
-  CONVEYOR_CHECK(decoder_ != nullptr, "a GPU decode stage has a decoder");
+  CONVEYOR_CHECK(!decoders.empty(), "a GPU decode stage has a decoder per thread");
   const std::vector<FieldSpec> fields = source_.fields();
-  std::vector<int64_t> shape = fields.at(image_field_).sample_shape;
+  CONVEYOR_CHECK(fields.size() == 2 && fields[image_field_].name == "image",
+                 "an ImageSource's fields are its image and its label");
+  std::vector<int64_t> shape = fields[image_field_].sample_shape;
   row_bytes_ = fields[image_field_].sample_bytes();
   shape.insert(shape.begin(), static_cast<int64_t>(options_.slots * options_.batch_size));
   device_rows_ = at::empty(shape, at::TensorOptions().dtype(at::kByte).device(device));
@@ -93,24 +101,40 @@ GpuDecodeStage::GpuDecodeStage(const Parts& parts, std::unique_ptr<DeviceImageDe
     meta->device_row.reserve(options_.batch_size);
   }
   if (options_.gpu_decode.mode == GpuDecode::Mode::kAuto) {
-    balancer_.emplace(options_.workers, /*gpu_available=*/true);
+    balancer_.emplace(options_.workers, /*gpu_available=*/true, std::chrono::milliseconds(5),
+                      options_.gpu_decode.max_batch);
   }
-  const size_t chunk = options_.chunk_size;
-  rows_.reserve(chunk);
-  hint_.reserve(chunk);
-  images_.reserve(chunk);
-  image_rows_.reserve(chunk);
-  refused_.reserve(chunk);
-  on_cpu_.reserve(chunk);
-  buffers_.resize(chunk);
-  thread_ = std::jthread([this] { run(); });
+  const size_t capacity = call_capacity(options_);
+  for (size_t i = 0; i < decoders.size(); ++i) {
+    CONVEYOR_CHECK(decoders[i] != nullptr, "every decode thread has a decoder");
+    auto t = std::make_unique<DecodeThread>();
+    t->worker = options_.workers + i;
+    t->decoder = std::move(decoders[i]);
+    t->taken.reserve(capacity + 1);  // every job taken holds at least one image
+    t->images.reserve(capacity);
+    t->destinations.reserve(capacity);
+    t->of.reserve(capacity);
+    t->refused.reserve(capacity);
+    t->cpu.reserve(capacity);
+    t->hint.reserve(options_.chunk_size);
+    t->buffers.resize(capacity);
+    threads_.push_back(std::move(t));
+  }
+  try {
+    for (auto& t : threads_) t->thread = std::jthread([this, &thread = *t] { run(thread); });
+  } catch (...) {  // no destructor will run: stop the threads already started
+    stop();
+    throw;
+  }
 }
 
 GpuDecodeStage::~GpuDecodeStage() { stop(); }
 
 void GpuDecodeStage::stop() {
   jobs_.stop();
-  if (thread_.joinable()) thread_.join();
+  for (auto& t : threads_) {
+    if (t->thread.joinable()) t->thread.join();
+  }
 }
 
 size_t GpuDecodeStage::route(SlotMeta& meta, const size_t* indices, size_t rows, uint64_t epoch) {
@@ -118,7 +142,7 @@ size_t GpuDecodeStage::route(SlotMeta& meta, const size_t* indices, size_t rows,
   const size_t chunks = (rows + chunk - 1) / chunk;
   meta.hybrid = true;
   meta.route.resize(rows);       // within the reserved capacity
-  meta.device_row.resize(rows);  // written by the decode thread for its rows
+  meta.device_row.resize(rows);  // written by the decode threads for their rows
   size_t jobs = 0;
   for (size_t c = 0; c < chunks; ++c) {
     const size_t first = c * chunk, last = std::min(rows, first + chunk);
@@ -139,6 +163,15 @@ size_t GpuDecodeStage::route(SlotMeta& meta, const size_t* indices, size_t rows,
     jobs += (decoders & kCpuBit ? 1 : 0) + (decoders & kGpuBit ? 1 : 0);
   }
   return jobs;
+}
+
+size_t GpuDecodeStage::chunk_rows(const Job& job, const SlotMeta& meta) const {
+  const size_t first = job.chunk * options_.chunk_size;
+  return std::min(meta.indices.size(), first + options_.chunk_size) - first;
+}
+
+void GpuDecodeStage::taken_back(const Job& job, const SlotMeta& meta, Decoder decoder) {
+  if (balancer_) balancer_->abandoned(decoder, chunk_rows(job, meta));
 }
 
 uint8_t* GpuDecodeStage::device_row_pointer(uint32_t slot, size_t row) const {
@@ -167,120 +200,200 @@ std::vector<DeviceRows> GpuDecodeStage::device_rows(uint32_t slot, const SlotMet
   return runs;
 }
 
-void GpuDecodeStage::run() {
-  trace::name_this_thread("Conveyor GPU decode", "conveyor-gpu");
+void GpuDecodeStage::run(DecodeThread& t) {
+  const std::string number = std::to_string(t.worker - options_.workers);
+  trace::name_this_thread("Conveyor GPU decode " + number, "conveyor-gpu" + number);
   for (;;) {
-    const std::optional<Job> job = jobs_.wait();  // idle: the thread's time not on a job
+    const std::optional<Job> job = jobs_.wait();  // idle: a thread's time not on a call
     if (!job) return;
-    if (run_job(*job)) completed_.push(job->slot);
+    take_jobs(t, *job);
+    run_jobs(t);
   }
 }
 
-bool GpuDecodeStage::run_job(const Job& job) noexcept {
-  // The slot's meta was written before its jobs were queued.
-  SlotMeta& meta = *meta_[job.slot];
+void GpuDecodeStage::take_jobs(DecodeThread& t, const Job& first) {
+  t.taken.clear();
+  size_t images = 0;
+  const auto take = [&](const Job& job) {
+    // The slot's meta was written before its jobs were queued.
+    const SlotMeta& meta = *meta_[job.slot];
+    DecodeThread::Taken k;
+    k.job = job;
+    k.first = job.chunk * options_.chunk_size;
+    k.last = k.first + chunk_rows(job, meta);
+    for (size_t r = k.first; r < k.last; ++r) k.gpu_rows += meta.route[r] == Decoder::kGpu;
+    CONVEYOR_DEBUG_CHECK(meta.hybrid && k.gpu_rows > 0, "a GPU job has rows for the GPU");
+    images += k.gpu_rows;
+    t.taken.push_back(k);
+  };
+  take(first);
+  while (images < options_.gpu_decode.max_batch && t.taken.size() < t.taken.capacity()) {
+    const std::optional<Job> next = jobs_.try_take_back();
+    if (!next) break;
+    take(*next);
+  }
+}
+
+void GpuDecodeStage::run_jobs(DecodeThread& t) noexcept {
   const auto t0 = Clock::now();
-  const size_t first = job.chunk * options_.chunk_size;
-  const size_t last = std::min(meta.indices.size(), first + options_.chunk_size);
-  CONVEYOR_DEBUG_CHECK(first < last && meta.hybrid, "a GPU job is a real chunk of a routed batch");
   {
-    const trace::Range range(trace::Name::kGpuDecode, meta.sequence);
+    const trace::Range range(trace::Name::kGpuDecode, meta_[t.taken.front().job.slot]->sequence);
     try {
-      decode_rows(job.slot, meta, first, last);
-    } catch (...) {  // out of memory for a name, say: the batch fails, named by its first row
-      const size_t row = rows_.empty() ? first : rows_.front();
-      filler_.record_failure(meta, row, order_[meta.sequence * options_.batch_size + row],
-                             std::current_exception());
+      read_images(t);
+      decode_images(t);
+      decode_on_cpu(t);
+    } catch (...) {  // out of memory for a name, say: the batches still live fail
+      t.images.clear();
+      fail_jobs(t, std::current_exception());
     }
   }
   const uint64_t busy = nanoseconds_since(t0);
   busy_ns_.fetch_add(busy, std::memory_order_relaxed);
-  if (balancer_) {
-    balancer_->finished(Decoder::kGpu, rows_.size(), std::chrono::nanoseconds(busy));
+  size_t rows = 0;
+  for (const DecodeThread::Taken& k : t.taken) rows += k.gpu_rows;
+  for (const DecodeThread::Taken& k : t.taken) {
+    SlotMeta& meta = *meta_[k.job.slot];
+    if (balancer_ && k.live) {
+      // The call's time shared by image, and by the threads that drive the engines together.
+      const double share = static_cast<double>(k.gpu_rows) / static_cast<double>(rows) /
+                           static_cast<double>(threads_.size());
+      balancer_->finished(Decoder::kGpu, k.last - k.first,
+                          std::chrono::nanoseconds(static_cast<int64_t>(busy * share)));
+    } else if (balancer_) {  // kAuto's chunks are whole: one cut short measures nothing
+      balancer_->abandoned(Decoder::kGpu, k.last - k.first);
+    }
+    if (filler_.finish_job(k.job.slot, meta)) completed_.push(k.job.slot);
   }
-  return filler_.finish_job(job.slot, meta);
 }
 
-void GpuDecodeStage::decode_rows(uint32_t slot, SlotMeta& meta, size_t first, size_t last) {
-  const size_t base = meta.sequence * options_.batch_size;  // the batch's first place in order_
-  rows_.clear();
-  hint_.clear();
-  for (size_t r = first; r < last; ++r) {
-    if (meta.route[r] != Decoder::kGpu) continue;
-    meta.device_row[r].reset();
-    rows_.push_back(r);
-    hint_.push_back(order_[base + r]);
+void GpuDecodeStage::read_images(DecodeThread& t) {
+  t.images.clear();
+  t.destinations.clear();
+  t.of.clear();
+  t.cpu.clear();
+  std::array<std::byte*, BatchFiller::kMaxFields> fields{};
+  for (size_t i = 0; i < t.taken.size(); ++i) {
+    DecodeThread::Taken& k = t.taken[i];
+    SlotMeta& meta = *meta_[k.job.slot];
+    const size_t base = meta.sequence * options_.batch_size;  // the batch's place in order_
+    t.hint.clear();
+    for (size_t r = k.first; r < k.last; ++r) {
+      if (meta.route[r] != Decoder::kGpu) continue;
+      meta.device_row[r].reset();
+      t.hint.push_back(order_[base + r]);
+    }
+    // A batch cancelled, or failed at an earlier row, needs none of these rows.
+    if (filler_.outdated(meta)) {
+      meta.cancelled.store(true);
+      k.live = false;
+      continue;
+    }
+    if (meta.failed_row.load(std::memory_order_relaxed) < k.first) {
+      k.live = false;
+      continue;
+    }
+    try {  // a hint: the source may start reading the chunk's samples at once
+      source_.will_write(t.worker, t.hint.data(), t.hint.size());
+    } catch (...) {  // a failed hint costs nothing; each sample's own read reports its errors
+    }
+    size_t position = k.first;  // the job's next device row
+    for (size_t r = k.first; r < k.last; ++r) {
+      if (meta.route[r] != Decoder::kGpu) continue;
+      const SampleContext context{t.worker, order_[base + r], options_.seed, meta.epoch};
+      filler_.row_pointers(k.job.slot, r, fields.data());
+      try {
+        const ImageSource::Encoded encoded =
+            source_.read_encoded(context, t.buffers[t.images.size()], fields.data());
+        t.images.push_back(GpuJpeg{encoded.data, encoded.size, context, {}});
+        t.destinations.push_back(device_row_pointer(k.job.slot, position));
+        t.of.emplace_back(i, r);
+        ++position;
+      } catch (...) {  // the CPU path reads it again, and its policy reports or skips it
+        t.cpu.emplace_back(i, r);
+      }
+    }
   }
-  if (rows_.empty()) return;
-  // A batch cancelled, or already failed at an earlier row, needs none of these rows.
-  if (filler_.outdated(meta)) {
-    meta.cancelled.store(true);
+}
+
+void GpuDecodeStage::decode_images(DecodeThread& t) {
+  if (t.images.empty()) return;
+  t.images.front().name = filler_.describe(t.images.front().context.index);  // for errors
+  GpuDecodeResult result;
+  try {
+    result = t.decoder->decode(t.images.data(), t.images.size(), t.destinations.data());
+  } catch (...) {  // a CUDA or nvJPEG failure: the batches whose images it held fail
+    failed_batches_.fetch_add(1, std::memory_order_relaxed);
+    fail_jobs(t, std::current_exception());
     return;
   }
-  if (meta.failed_row.load(std::memory_order_relaxed) < rows_.front()) return;
-  try {  // a hint: the source may start reading the chunk's samples at once
-    source_.will_write(worker_, hint_.data(), hint_.size());
-  } catch (...) {  // a failed hint costs nothing; each sample's own read reports its errors
+  t.refused.assign(t.images.size(), 0);
+  for (size_t k : result.to_cpu) t.refused.at(k) = 1;
+  for (const GpuDecodeResult::Failure& f : result.failed) t.refused.at(f.position) = 1;
+  uint64_t decoded = 0;
+  for (size_t k = 0; k < t.images.size(); ++k) {
+    const auto [i, r] = t.of[k];
+    if (t.refused[k]) {
+      t.cpu.emplace_back(i, r);
+      continue;
+    }
+    SlotMeta& meta = *meta_[t.taken[i].job.slot];
+    meta.indices[r] = t.images[k].context.index;
+    meta.device_row[r] = static_cast<uint32_t>(
+        (t.destinations[k] - device_row_pointer(t.taken[i].job.slot, 0)) / row_bytes_);
+    ++decoded;
   }
+  gpu_images_.fetch_add(decoded, std::memory_order_relaxed);
+}
+
+void GpuDecodeStage::decode_on_cpu(DecodeThread& t) {
+  refused_count_.fetch_add(t.cpu.size(), std::memory_order_relaxed);
+  // In row order, job by job, as a worker would (the lowest failing row's error wins anyway).
+  std::sort(t.cpu.begin(), t.cpu.end());
   std::array<std::byte*, BatchFiller::kMaxFields> fields{};
-  images_.clear();
-  image_rows_.clear();
-  on_cpu_.clear();
-  for (size_t r : rows_) {
-    const SampleContext context{worker_, order_[base + r], options_.seed, meta.epoch};
-    filler_.row_pointers(slot, r, fields.data());
-    try {
-      const ImageSource::Encoded encoded =
-          source_.read_encoded(context, buffers_[images_.size()], fields.data());
-      images_.push_back(GpuJpeg{encoded.data, encoded.size, context, {}});
-      image_rows_.push_back(r);
-    } catch (...) {  // the CPU path reads it again, and its policy reports or skips it
-      on_cpu_.push_back(r);
-    }
-  }
-  if (!images_.empty()) {
-    images_.front().name = filler_.describe(images_.front().context.index);  // for errors
+  for (const auto& [i, r] : t.cpu) {
+    DecodeThread::Taken& k = t.taken[i];
+    if (!k.live) continue;
+    SlotMeta& meta = *meta_[k.job.slot];
     if (filler_.outdated(meta)) {
       meta.cancelled.store(true);
-      return;
+      k.live = false;
+      continue;
     }
-    GpuDecodeResult result;
-    try {
-      result = decoder_->decode(images_.data(), images_.size(), device_row_pointer(slot, first));
-    } catch (...) {  // a CUDA or nvJPEG failure: this batch fails, named by its first image
-      failed_batches_.fetch_add(1, std::memory_order_relaxed);
-      filler_.record_failure(meta, image_rows_.front(), images_.front().context.index,
-                             std::current_exception());
-      return;
+    if (meta.failed_row.load(std::memory_order_relaxed) < r) {
+      k.live = false;
+      continue;
     }
-    refused_.assign(images_.size(), 0);
-    for (size_t k : result.to_cpu) refused_.at(k) = 1;
-    for (const GpuDecodeResult::Failure& f : result.failed) refused_.at(f.position) = 1;
-    uint64_t decoded = 0;
-    for (size_t k = 0; k < images_.size(); ++k) {
-      const size_t r = image_rows_[k];
-      if (refused_[k]) {
-        on_cpu_.push_back(r);
-        continue;
-      }
-      meta.indices[r] = images_[k].context.index;
-      meta.device_row[r] = static_cast<uint32_t>(first + k);
-      ++decoded;
+    filler_.row_pointers(k.job.slot, r, fields.data());
+    const size_t index = order_[meta.sequence * options_.batch_size + r];
+    if (!filler_.write_with_policy(t.worker, r, index, fields.data(), meta)) {
+      k.live = false;
+      continue;
     }
-    gpu_images_.fetch_add(decoded, std::memory_order_relaxed);
-  }
-  refused_count_.fetch_add(on_cpu_.size(), std::memory_order_relaxed);
-  // The rest on the CPU, in row order, as a worker would (the lowest failing row's error wins).
-  std::sort(on_cpu_.begin(), on_cpu_.end());
-  for (size_t r : on_cpu_) {
-    if (filler_.outdated(meta)) {
-      meta.cancelled.store(true);
-      return;
-    }
-    if (meta.failed_row.load(std::memory_order_relaxed) < r) return;
-    filler_.row_pointers(slot, r, fields.data());
-    if (!filler_.write_with_policy(worker_, r, order_[base + r], fields.data(), meta)) return;
     cpu_images_.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void GpuDecodeStage::fail_jobs(DecodeThread& t, std::exception_ptr error) {
+  // Each live job's batch fails at the job's first image (its first GPU row without images: an
+  // error outside the decode).
+  for (size_t i = 0; i < t.taken.size(); ++i) {
+    DecodeThread::Taken& k = t.taken[i];
+    if (!k.live) continue;
+    SlotMeta& meta = *meta_[k.job.slot];
+    std::optional<size_t> row;
+    for (const auto& [taken, r] : t.of) {
+      if (taken == i) {
+        row = r;
+        break;
+      }
+    }
+    if (!row && !t.images.empty()) continue;  // a decode failure: this job had no image in it
+    if (!row) {
+      row = k.first;
+      while (*row + 1 < k.last && meta.route[*row] != Decoder::kGpu) ++*row;
+    }
+    filler_.record_failure(meta, *row, order_[meta.sequence * options_.batch_size + *row], error);
+    k.live = false;
   }
 }
 
@@ -293,10 +406,11 @@ GpuDecodeStats GpuDecodeStage::stats() const {
   s.refused = refused_count_.load(std::memory_order_relaxed);
   s.failed_batches = failed_batches_.load(std::memory_order_relaxed);
   s.gpu_busy_seconds = 1e-9 * static_cast<double>(busy_ns_.load(std::memory_order_relaxed));
-  // The decode thread is either on a job or waiting for one (a job under way counts as idle
-  // until it ends).
+  // Each decode thread is either on a call or waiting for a job (a call under way counts as
+  // idle until it ends).
+  const double lifetime = 1e-9 * static_cast<double>(nanoseconds_since(started_));
   s.gpu_idle_seconds =
-      std::max(0.0, 1e-9 * static_cast<double>(nanoseconds_since(started_)) - s.gpu_busy_seconds);
+      std::max(0.0, lifetime * static_cast<double>(threads_.size()) - s.gpu_busy_seconds);
   s.cpu_idle_seconds = 1e-9 * static_cast<double>(cpu_idle_ns_.load(std::memory_order_relaxed));
   if (balancer_) {
     const DecodeBalancer::Snapshot b = balancer_->snapshot();

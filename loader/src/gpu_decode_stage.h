@@ -4,30 +4,33 @@
 // routes each row (route()): kShare by fixed_share_decoder() of the row's sample, kAuto a whole
 // chunk at a time by the DecodeBalancer. A chunk with rows for the CPU gets a worker's job (the
 // engine's JobQueue), a chunk with rows for the GPU a job in this stage's queue, and
-// SlotMeta::remaining counts both. The stage's decode thread takes a GPU job, reads its samples
-// (ImageSource::read_encoded, as worker number `workers`: the source is prepared for one more
-// worker), decodes them in one batched call of its DeviceImageDecoder into the slot's device
-// rows, and decodes on the CPU (BatchFiller::write_with_policy: the workers' ErrorPolicy,
-// substitutes and messages) whatever the device decoder refused or could not read. When the
-// consumer stages the batch's copy, device_rows() names the runs of rows already on the device,
-// which the copy engine copies over the host rows.
+// SlotMeta::remaining counts both. Each of the stage's decode threads waits for a GPU job, takes
+// whatever other GPU jobs are queued (up to gpu_decode.max_batch images), reads their samples
+// (ImageSource::read_encoded, as worker number workers + its own number: the source is prepared
+// for that many more workers), decodes them in one batched call of its own DeviceImageDecoder,
+// each image into its slot's device rows, and decodes on the CPU (BatchFiller::write_with_policy:
+// the workers' ErrorPolicy, substitutes and messages) whatever the device decoder refused or could
+// not read. When the consumer stages a batch's copy, device_rows() names the runs of rows already
+// on the device, which the copy engine copies over the host rows.
 //
 // Invariants:
 //   * The device rows of slot s ([s * batch_size, (s + 1) * batch_size) of one tensor on the copy
-//     stage's device, allocated once) are written only by the decode thread, for a GPU job of s,
-//     and read only by the copy of s's batch. A slot is dispatched again only once its copy has
-//     handed it back, so the two never overlap, and the decode is complete (the decoder returns
-//     once its rows are written) before the job ends.
-//   * The GPU job of chunk c writes device rows from the chunk's first row on: its j-th decoded
-//     image (in row order) at first + j, never past the chunk's last row; SlotMeta::device_row
-//     says which, for each of its rows, and is nullopt for a row it left to the CPU.
-//   * Every GPU job ends through BatchFiller::finish_job exactly once: decoded, cancelled,
-//     failed, or when the device decode threw (the batch then fails, named by its first row).
-//   * stop() joins the decode thread before the engine's filler, metas, ring and source go; the
+//     stage's device, allocated once) are written only by a decode thread, for a GPU job of s, and
+//     read only by the copy of s's batch. A slot is dispatched again only once its copy has handed
+//     it back, so the two never overlap, and a decode is complete (the decoder returns once its
+//     rows are written) before its jobs end.
+//   * The GPU job of chunk c writes device rows from the chunk's first row on: its j-th image (in
+//     row order) at first + j, never past the chunk's last row; SlotMeta::device_row says which,
+//     for each of its rows, and is nullopt for a row it left to the CPU.
+//   * Every GPU job ends through BatchFiller::finish_job exactly once: decoded, cancelled, failed,
+//     or when the batched decode that held its images threw (its batch then fails, named by the
+//     job's first image). Under kAuto each is reported to the balancer once, as finished (decoded
+//     whole) or abandoned; a job taken back unstarted is reported by taken_back().
+//   * stop() joins the decode threads before the engine's filler, metas, ring and source go; the
 //     stage (and its device rows) is destroyed after the copy stage, whose destruction waits for
 //     every copy that reads them.
-// Thread safety: route(), jobs(), device_rows() and stop() on the consumer thread; the decode
-// thread runs the jobs; add_cpu_idle() on the workers; stats() from any thread.
+// Thread safety: route(), jobs(), taken_back(), device_rows() and stop() on the consumer thread;
+// the decode threads run the jobs; add_cpu_idle() on the workers; stats() from any thread.
 #pragma once
 
 #include <atomic>
@@ -38,6 +41,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -58,7 +62,7 @@ class GpuDecodeStage {
  public:
   // What the stage works with, owned by the engine and outliving the stage.
   struct Parts {
-    SampleSource& source;  // an ImageSource (make() checks), prepared for workers + 1
+    SampleSource& source;  // an ImageSource (make() checks), prepared for workers + threads
     BatchFiller& filler;
     std::vector<std::unique_ptr<SlotMeta>>& meta;
     IndexQueue& completed;  // where the job that ends a batch pushes its slot
@@ -76,9 +80,9 @@ class GpuDecodeStage {
   };
   static Plan make(const Parts& parts, const std::optional<c10::Device>& device);
 
-  // `decoder` decodes into memory of `device`. Throws std::bad_cast for a source that is not an
-  // ImageSource.
-  GpuDecodeStage(const Parts& parts, std::unique_ptr<DeviceImageDecoder> decoder,
+  // One decoder per decode thread (gpu_decode.threads), each decoding into memory of `device`.
+  // Throws std::bad_cast for a source that is not an ImageSource.
+  GpuDecodeStage(const Parts& parts, std::vector<std::unique_ptr<DeviceImageDecoder>> decoders,
                  c10::Device device, std::string status);
   ~GpuDecodeStage();  // stop()
   GpuDecodeStage(const GpuDecodeStage&) = delete;
@@ -90,12 +94,15 @@ class GpuDecodeStage {
   size_t route(SlotMeta& meta, const size_t* indices, size_t rows, uint64_t epoch);
   bool has_cpu_rows(size_t chunk) const { return (chunk_decoders_[chunk] & kCpuBit) != 0; }
   bool has_gpu_rows(size_t chunk) const { return (chunk_decoders_[chunk] & kGpuBit) != 0; }
-  // The GPU jobs' queue: the consumer pushes and takes back, the decode thread waits.
+  // The GPU jobs' queue: the consumer pushes and takes back, the decode threads wait.
   JobQueue& jobs() { return jobs_; }
+  // The consumer took back `job` of `meta`'s batch, unstarted, from the queue of `decoder`
+  // (cancelling an epoch): the balancer no longer counts it as queued.
+  void taken_back(const Job& job, const SlotMeta& meta, Decoder decoder);
   // The rows of `slot`'s batch (described by `meta`) whose images are on the device, as runs for
   // CopyEngine::start.
   std::vector<DeviceRows> device_rows(uint32_t slot, const SlotMeta& meta) const;
-  // Stops the decode thread (its queue closed; a job under way finishes first). Idempotent.
+  // Stops the decode threads (the queue closed; calls under way finish first). Idempotent.
   void stop();
 
   // A worker waited `idle` for a job (GpuDecodeStats::cpu_idle_seconds).
@@ -110,12 +117,44 @@ class GpuDecodeStage {
  private:
   static constexpr uint8_t kCpuBit = 1, kGpuBit = 2;
 
-  void run();
-  // One GPU job; true when it was its batch's last.
-  bool run_job(const Job& job) noexcept;
-  // The job's rows routed to the GPU, decoded (the rest of run_job, which ends the job).
-  void decode_rows(uint32_t slot, SlotMeta& meta, size_t first, size_t last);
+  // A decode thread: its decoder, and its scratch, reserved once (nothing allocated per call but
+  // the first image's name, for errors).
+  struct DecodeThread {
+    size_t worker = 0;  // its worker number for the source
+    std::unique_ptr<DeviceImageDecoder> decoder;
+    // The jobs of one call, and for each its rows, images and state.
+    struct Taken {
+      Job job;
+      size_t first = 0, last = 0;  // the chunk's rows
+      size_t gpu_rows = 0;         // of those, routed to the GPU
+      bool live = true;            // neither cancelled nor failed so far
+    };
+    std::vector<Taken> taken;
+    std::vector<GpuJpeg> images;                 // read, for the decoder
+    std::vector<uint8_t*> destinations;          // each image's device row
+    std::vector<std::pair<size_t, size_t>> of;   // each image's (taken, row)
+    std::vector<uint8_t> refused;                // per image: left to the CPU
+    std::vector<std::pair<size_t, size_t>> cpu;  // (taken, row) to decode on the CPU
+    std::vector<size_t> hint;                    // one job's samples, for will_write
+    std::vector<std::vector<uint8_t>> buffers;   // one per image: its encoded bytes
+    std::jthread thread;                         // last: started once the above exist
+  };
+
+  void run(DecodeThread& t);
+  // Takes `first` and whatever else is queued, up to max_batch images, into t.taken.
+  void take_jobs(DecodeThread& t, const Job& first);
+  // Decodes t.taken (never throws: a failure is recorded in the jobs' batches), then ends each
+  // job; returns nothing, pushing the slots of the batches it ended to the completed queue.
+  void run_jobs(DecodeThread& t) noexcept;
+  // The parts of run_jobs: read every job's GPU rows; decode them in one call; the rest on the
+  // CPU. Each marks the jobs that stop short as not live.
+  void read_images(DecodeThread& t);
+  void decode_images(DecodeThread& t);
+  void decode_on_cpu(DecodeThread& t);
+  // Records `error` as the failure of every live job of t that holds an image, and stops them.
+  void fail_jobs(DecodeThread& t, std::exception_ptr error);
   uint8_t* device_row_pointer(uint32_t slot, size_t row) const;
+  size_t chunk_rows(const Job& job, const SlotMeta& meta) const;
 
   ImageSource& source_;
   BatchFiller& filler_;
@@ -124,29 +163,18 @@ class GpuDecodeStage {
   const ResolvedOptions& options_;
   const std::vector<size_t>& order_;
   const size_t image_field_;  // the source's "image" field
-  const size_t worker_;       // the decode thread's worker number for the source
   const std::string status_;
-  std::unique_ptr<DeviceImageDecoder> decoder_;
   at::Tensor device_rows_;  // [slots * batch_size, ...image shape] on the copy stage's device
   size_t row_bytes_ = 0;
   std::optional<DecodeBalancer> balancer_;  // kAuto
   JobQueue jobs_;
   std::vector<uint8_t> chunk_decoders_;  // consumer: route()'s kCpuBit | kGpuBit per chunk
 
-  // The decode thread's own, reserved once (chunk_size entries): nothing allocated per job.
-  std::vector<size_t> rows_;                   // the job's rows routed to the GPU
-  std::vector<size_t> hint_;                   // their samples, for will_write
-  std::vector<GpuJpeg> images_;                // read, for the decoder
-  std::vector<size_t> image_rows_;             // the row of each image
-  std::vector<uint8_t> refused_;               // per image: left to the CPU
-  std::vector<size_t> on_cpu_;                 // rows to decode on the CPU
-  std::vector<std::vector<uint8_t>> buffers_;  // one per image: its encoded bytes
-
   std::atomic<uint64_t> gpu_images_{0}, refused_count_{0}, cpu_images_{0}, failed_batches_{0};
   std::atomic<uint64_t> busy_ns_{0}, cpu_idle_ns_{0};
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 
-  std::jthread thread_;  // last: started once everything above exists
+  std::vector<std::unique_ptr<DecodeThread>> threads_;  // last: their threads use all of the above
 };
 
 }  // namespace conveyor::detail

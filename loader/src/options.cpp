@@ -40,6 +40,8 @@ ResolvedOptions resolve_options(const LoaderOptions& options, bool check_device)
                                 std::to_string(o.chunks_per_batch) +
                                 " chunks per batch is too many jobs; raise chunk_size");
   }
+  o.gpu_decode.threads = std::max<size_t>(1, o.gpu_decode.threads);
+  o.gpu_decode.max_batch = std::max(o.gpu_decode.max_batch, o.chunk_size);
   if (!(o.gpu_decode.share >= 0.0 && o.gpu_decode.share <= 1.0)) {  // NaN too
     throw std::invalid_argument("conveyor: gpu_decode.share must be in [0, 1], got " +
                                 std::to_string(o.gpu_decode.share));

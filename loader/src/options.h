@@ -8,7 +8,8 @@
 // Guarantees: resolve_options() either throws std::invalid_argument naming the option, or returns
 // options in which batch_size >= 1, workers >= 1, prefetch_factor >= 1, slots >= 2,
 // 1 <= chunk_size <= batch_size, slots * chunks_per_batch fits a 32-bit job number, the timeout
-// (if any) is in [0, one year], and device is the CPU or a usable CUDA device with its index set.
+// (if any) is in [0, one year], device is the CPU or a usable CUDA device with its index set, and
+// gpu_decode has a share in [0, 1], threads >= 1 and max_batch >= chunk_size.
 #pragma once
 
 #include <cstddef>

@@ -21,7 +21,7 @@
 //
 // Requires: DecodeBalancer's calls may come from any thread (one mutex, taken once per chunk).
 // Guarantees: assign() never returns the GPU for a balancer made with gpu_available false; every
-// chunk assigned is counted in backlog() until finished() reports it.
+// chunk assigned is counted in the backlog until finished() or abandoned() reports it.
 #pragma once
 
 #include <chrono>
@@ -40,18 +40,25 @@ class DecodeBalancer {
  public:
   // `cpu_workers` threads decode on the CPU, one GPU decoder on the hardware engines. Until a
   // decoder has reported a chunk, its cost per image is the prior: both decoders assumed equally
-  // fast (the GPU's cost per image is the CPU's divided by cpu_workers).
+  // fast (the GPU's cost per image is the CPU's divided by cpu_workers). `gpu_batch`: the images
+  // the GPU decodes in one call, which it should always find queued (the loader's decode threads
+  // take several chunks per call); 0 or 1: one chunk at a time.
   DecodeBalancer(size_t cpu_workers, bool gpu_available,
-                 std::chrono::nanoseconds cpu_prior_per_image = std::chrono::milliseconds(5));
+                 std::chrono::nanoseconds cpu_prior_per_image = std::chrono::milliseconds(5),
+                 size_t gpu_batch = 0);
 
-  // The decoder for a chunk of `images`: the GPU if nothing is queued there; else the CPU if a
-  // worker has no chunk; else the one that, with the images already queued on it, finishes this
-  // chunk first. The chunk is counted as queued there.
+  // The decoder for a chunk of `images`: the GPU if nothing is queued there (or fewer images than
+  // its batch); else the CPU if a worker has no chunk; else the one that, with the images already
+  // queued on it, finishes this chunk first. The chunk is counted as queued there.
   Decoder assign(size_t images);
   // A chunk of `images` assigned to `decoder` finished after `busy` of that decoder's time (for
   // the CPU, one worker's wall time on it). Updates the cost per image (moving average, weight
   // 1/4) and the queue.
   void finished(Decoder decoder, size_t images, std::chrono::nanoseconds busy);
+  // A chunk of `images` assigned to `decoder` left its queue without being decoded whole (its
+  // epoch cancelled, its batch failed): it no longer counts as queued, and tells nothing of the
+  // decoder's cost.
+  void abandoned(Decoder decoder, size_t images);
 
   struct Snapshot {
     uint64_t cpu_images = 0, gpu_images = 0;            // assigned so far
@@ -64,6 +71,7 @@ class DecodeBalancer {
   mutable std::mutex mutex_;
   size_t workers_;
   bool gpu_available_;
+  size_t gpu_batch_;
   double cost_ns_[2];
   bool measured_[2] = {false, false};
   size_t backlog_[2] = {0, 0};  // images assigned, not finished

@@ -131,6 +131,11 @@ class GpuCropDecoder {
   // written. Throws GpuDecodeError when the batch fails on the GPU.
   GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* device_rows,
                          CUstream_st* stream);
+  // The same, image k's row at rows[k] (count pointers into device memory of the decoder's
+  // device, each to size*size*3 bytes): the loader's batches of several chunks, each image
+  // written into its own slot's rows.
+  GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* const* rows,
+                         CUstream_st* stream);
 
   const GpuDecodeStatus& status() const;
 
@@ -141,15 +146,15 @@ class GpuCropDecoder {
 
 // What the loader's GPU decode (LoaderOptions::gpu_decode, conveyor/loader.h) drives: a decoder
 // of batches of JPEG files into rows of a device's memory, used by one thread at a time.
-// decode() writes images[k] into row k of `rows` (count rows of transform.size^2 x 3 bytes, laid
+// decode() writes images[k] into rows[k] (transform.size^2 x 3 bytes of the device's memory, laid
 // out as transform.layout says) and returns once those rows are written, so that any stream may
 // read them afterwards; it reports the images it left to the CPU and the files it could not read
 // (their rows unwritten) as GpuCropDecoder::decode does, and throws GpuDecodeError when the batch
-// fails on the device.
+// fails on the device. count is at most the max_batch the decoder was made for.
 class DeviceImageDecoder {
  public:
   virtual ~DeviceImageDecoder() = default;
-  virtual GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* rows) = 0;
+  virtual GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* const* rows) = 0;
 };
 
 // Makes the loader's device decoders. nvjpeg_hardware_decoders() is the real one; another factory

@@ -173,13 +173,14 @@ class DeviceDecoderFactory;  // conveyor/gpu_decode.h
 // It needs the CUDA copy stage (a CUDA device) and an ImageSource; where GPU decode cannot run
 // (no libnvjpeg.so.13, no CUDA device, no hardware engine, a CPU device, another kind of source)
 // the loader decodes everything on the CPU exactly as with kOff, and mode() and
-// stats().gpu_decode.status say why. One decode thread of the loader's drives the engines, in
-// batches of a chunk; files the hardware refuses (progressive, arithmetic-coded, CMYK, YCCK,
-// 4:1:1, 4:1:0) and files it cannot read are decoded on the CPU, so errors, the skip policy and
-// their messages are the CPU path's. A CUDA or nvJPEG failure of a batched decode fails that
-// batch (SampleError naming its first sample, with the error's name), not the process.
-// Pixels differ between the decoders only by their IDCT and chroma upsampling
-// (GpuCropDecoder::kMaxAbsDiff, kMinPsnr); each decoder is bit-exact on its own.
+// stats().gpu_decode.status say why. Decode threads of the loader's (`threads`) drive the
+// engines, each call a batch of up to `max_batch` images from the chunks queued for them. Files
+// the hardware refuses (progressive, arithmetic-coded, CMYK, YCCK, 4:1:1, 4:1:0) and files it
+// cannot read are decoded on the CPU, so errors, the skip policy and their messages are the CPU
+// path's. A CUDA or nvJPEG failure of a batched decode fails the batches whose images it held
+// (SampleError naming the first of them, with the error's name), not the process. Pixels differ
+// between the decoders only by their IDCT and chroma upsampling (GpuCropDecoder::kMaxAbsDiff,
+// kMinPsnr); each decoder is bit-exact on its own. Device memory: slots x batch_size images.
 struct GpuDecode {
   enum class Mode {
     kOff,    // every image on the CPU (the default)
@@ -199,6 +200,13 @@ struct GpuDecode {
   // The decoder on the device. Null (the default): nvJPEG's hardware backend
   // (nvjpeg_hardware_decoders(), conveyor/gpu_decode.h).
   std::shared_ptr<const DeviceDecoderFactory> decoder;
+  // Threads that drive the device decoder, each with a decoder (nvJPEG state and stream) of its
+  // own, so that one reads and parses its next files while another's are decoded. At least 1.
+  size_t threads = 2;
+  // Images one batched decode call takes, at most (and at least chunk_size): a decode thread
+  // takes as many queued chunks as fit. Under kAuto the balancer keeps this many images queued
+  // for the device, so that its calls are full.
+  size_t max_batch = 256;
 
   // "off", "auto", "hw-only" (hardware_only()) or a share in [0, 1] such as "0.65": what
   // conveyor-bench's --gpu-decode and the Python package's gpu_decode take. Throws
@@ -325,8 +333,8 @@ struct GpuDecodeStats {
   // not take, files it could not read (the CPU path then names the error), and substitutes.
   uint64_t refused = 0;
   uint64_t failed_batches = 0;  // batched decodes that failed on the device (CUDA or nvJPEG)
-  double gpu_busy_seconds = 0;  // the decode thread's time on chunks
-  double gpu_idle_seconds = 0;  // the decode thread's time waiting for a chunk
+  double gpu_busy_seconds = 0;  // the decode threads' time on chunks, summed over them
+  double gpu_idle_seconds = 0;  // the decode threads' time waiting for chunks, summed
   double cpu_idle_seconds = 0;  // the workers' time waiting for a chunk, summed over workers
   // kAuto: the balancer's estimates of the cost per image (the CPU's: one worker's).
   double cpu_ns_per_image = 0;
