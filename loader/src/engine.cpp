@@ -175,7 +175,7 @@ void DataLoader::Impl::worker_loop(size_t worker) {
   const std::string number = std::to_string(worker);
   trace::name_this_thread("Conveyor worker " + number, "conveyor-w" + number);
   while (gate_.wait_turn(worker)) {  // parked while above the active count (kAutoWorkers)
-    const auto waiting = Clock::now();
+    const auto waiting = gpu_ ? Clock::now() : Clock::time_point();  // idle time: GPU decode's
     std::optional<detail::Job> job = jobs_.wait();
     if (gpu_) gpu_->add_cpu_idle(Clock::now() - waiting);
     if (!job) return;

@@ -70,7 +70,15 @@ GpuDecodeStage::Plan GpuDecodeStage::make(const Parts& parts,
     return plan;
   }
   std::string status = factory->name() + " on " + device->str() + ", " + describe_mode(wanted);
-  plan.stage = std::make_unique<GpuDecodeStage>(parts, std::move(decoders), *device, status);
+  try {
+    plan.stage = std::make_unique<GpuDecodeStage>(parts, std::move(decoders), *device, status);
+  } catch (const std::exception& e) {  // the device rows did not fit, say
+    plan.status = unused + "its device rows (" +
+                  std::to_string(parts.options.slots * parts.options.batch_size *
+                                 images->fields().front().sample_bytes() / 1000000) +
+                  " MB on " + device->str() + ") could not be allocated: " + e.what();
+    return plan;
+  }
   plan.status = std::move(status);
   return plan;
 }

@@ -71,9 +71,8 @@ class GpuDecodeStage {
   };
 
   // Whether GPU decode runs for a loader: the stage, or nullptr and why not (status), from the
-  // options, the source and the copy stage's device (none: the CPU path). A decoder that cannot
-  // be made is a reason to decode on the CPU, not an error: make() throws only what allocating
-  // the stage throws.
+  // options, the source and the copy stage's device (none: the CPU path). A decoder or device
+  // rows that cannot be made are a reason to decode on the CPU (and say so), not an error.
   struct Plan {
     std::unique_ptr<GpuDecodeStage> stage;
     std::string status = "off";  // stats().gpu_decode.status
