@@ -33,6 +33,8 @@ using namespace std::chrono_literals;
 using testing::finishes_within;
 using testing::InstantCopyEngine;
 using testing::LateCopyEngine;
+using testing::load_from_string;
+using testing::save_to_string;
 using testing::SimulatedDeviceDecoders;
 
 // Photo-like files of a few sizes, and every few files one the hardware refuses.
@@ -242,19 +244,12 @@ TEST(GpuDecodeLoader, AFixedShareSendsEachSampleWhereItWentBeforeAcrossResume) {
     DataLoader loader(source_of(c), options(8, 3, 5, simulated(share, first)),
                       RandomSampler::make(5), std::make_unique<LateCopyEngine>(1ms));
     for (int i = 0; i < 3; ++i) ASSERT_TRUE(loader.next());
-    torch::serialize::OutputArchive archive;
-    loader.save(archive);
-    std::ostringstream out;
-    archive.save_to(out);
-    checkpoint = out.str();
+    checkpoint = save_to_string(loader);
   }
   auto second = std::make_shared<SimulatedDeviceDecoders>();
   DataLoader resumed(source_of(c), options(8, 1, 8, simulated(share, second)),
                      RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
-  torch::serialize::InputArchive archive;
-  std::istringstream in(checkpoint);
-  archive.load_from(in);
-  resumed.load(archive);
+  load_from_string(resumed, checkpoint);
   std::vector<Batch> rest;
   for (Batch& b : resumed) rest.push_back(b);
   expect_same_batches(rest, std::vector<Batch>(want.begin() + 3, want.end()), "resumed");
@@ -285,20 +280,13 @@ TEST(GpuDecodeLoader, ResumeContinuesTheEpochInEveryMode) {
           options(8, 2, 3, simulated(mode, std::make_shared<SimulatedDeviceDecoders>())),
           RandomSampler::make(5), std::make_unique<LateCopyEngine>(1ms));
       for (int i = 0; i < 4; ++i) ASSERT_TRUE(loader.next());
-      torch::serialize::OutputArchive archive;
-      loader.save(archive);
-      std::ostringstream out;
-      archive.save_to(out);
-      checkpoint = out.str();
+      checkpoint = save_to_string(loader);
     }
     DataLoader resumed(
         source_of(c),
         options(8, 3, 8, simulated(mode, std::make_shared<SimulatedDeviceDecoders>())),
         RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
-    torch::serialize::InputArchive archive;
-    std::istringstream in(checkpoint);
-    archive.load_from(in);
-    resumed.load(archive);
+    load_from_string(resumed, checkpoint);
     std::vector<Batch> rest;
     for (Batch& b : resumed) rest.push_back(b);
     expect_same_batches(rest, std::vector<Batch>(want.begin() + 4, want.end()), "resumed");

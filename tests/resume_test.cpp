@@ -18,6 +18,8 @@ namespace conveyor {
 namespace {
 
 using testing::IndexSource;
+using testing::load_from_string;
+using testing::save_to_string;
 using testing::TempDir;
 
 struct Received {
@@ -41,21 +43,6 @@ void expect_identical(const Received& got, const Received& want, const std::stri
   for (size_t f = 0; f < got.fields.size(); ++f) {
     EXPECT_TRUE(got.fields[f].equal(want.fields[f])) << where << ": field " << f << " differs";
   }
-}
-
-std::string save_to_string(const DataLoader& loader) {
-  torch::serialize::OutputArchive archive;
-  loader.save(archive);
-  std::ostringstream out;
-  archive.save_to(out);
-  return out.str();
-}
-
-void load_from_string(DataLoader& loader, const std::string& bytes) {
-  torch::serialize::InputArchive archive;
-  std::istringstream in(bytes);
-  archive.load_from(in);
-  loader.load(archive);
 }
 
 LoaderOptions config(size_t workers, size_t chunk) {

@@ -19,11 +19,13 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <torch/serialize/archive.h>
 
 #include "conveyor/conveyor.h"
 #include "synthetic.h"
@@ -121,6 +123,20 @@ class IndexSource : public SampleSource {
   bool release_stall = false;
 };
 
+// A host-side copy engine's check of the rows GPU decode left on its "device", before it queues
+// anything: rows that do not fit are refused after the slot is handed back, as the CopyEngine
+// contract asks of any start() that throws.
+inline void check_or_hand_back(const std::vector<at::Tensor>& host,
+                               const std::vector<DeviceRows>& on_device, const c10::Device& device,
+                               const std::function<void()>& on_finished) {
+  try {
+    check_device_rows(host, on_device, device);
+  } catch (...) {
+    on_finished();
+    throw;
+  }
+}
+
 // What a host-side copy engine does with the rows GPU decode left on its "device" (host memory
 // here): they replace their rows of the copy, as the CUDA engine's device-to-device copies do.
 inline void copy_device_rows(std::vector<at::Tensor>& device,
@@ -164,12 +180,7 @@ class LateCopyEngine : public CopyEngine {
   }
   DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
                    CudaEvent*, std::function<void()> on_finished) override {
-    try {
-      check_device_rows(host, on_device, device());
-    } catch (...) {
-      on_finished();
-      throw;
-    }
+    check_or_hand_back(host, on_device, device(), on_finished);
     Job job;
     job.due = std::chrono::steady_clock::now() + latency_;
     job.host = host;
@@ -242,12 +253,7 @@ class InstantCopyEngine : public CopyEngine {
   InstantCopyEngine(size_t lose_from, bool report_loss) : lose_(lose_from), report_(report_loss) {}
   DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
                    CudaEvent*, std::function<void()> on_finished) override {
-    try {
-      check_device_rows(host, on_device, device());
-    } catch (...) {
-      on_finished();
-      throw;
-    }
+    check_or_hand_back(host, on_device, device(), on_finished);
     DeviceCopy copy;
     for (const auto& h : host) copy.tensors.push_back(h.clone());
     copy_device_rows(copy.tensors, on_device);
@@ -274,6 +280,22 @@ class InstantCopyEngine : public CopyEngine {
   bool lost_ = false;
   size_t starts_ = 0;
 };
+
+// A checkpoint of `loader`'s position (DataLoader::save) as bytes, and back into a loader.
+inline std::string save_to_string(const DataLoader& loader) {
+  torch::serialize::OutputArchive archive;
+  loader.save(archive);
+  std::ostringstream out;
+  archive.save_to(out);
+  return out.str();
+}
+
+inline void load_from_string(DataLoader& loader, const std::string& bytes) {
+  torch::serialize::InputArchive archive;
+  std::istringstream in(bytes);
+  archive.load_from(in);
+  loader.load(archive);
+}
 
 // Runs `body` on another thread; if it has not finished within `limit` (a deadlock), the whole
 // test program aborts with a message, so a hang becomes a failure instead of a stuck CI run.
