@@ -155,7 +155,7 @@ class DataLoader:
             a share in [0, 1] of the samples (a pure function of seed, epoch and index, so
             resume and any num_workers give the same bytes). Where it cannot run, everything is
             decoded on the CPU and stats()["gpu_decode"]["status"] says why; that dict also
-            gives each decoder's images and the decode thread's busy and idle seconds.
+            gives each decoder's images and the decode threads' busy and idle seconds.
         max_substitutes, slots, chunk_size: the engine's LoaderOptions (loader.h).
         persistent_workers: accepted for compatibility: the workers always persist.
 
