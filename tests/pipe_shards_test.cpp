@@ -244,7 +244,7 @@ TEST(PipeShards, ACommandThatNeverWritesMeetsTheDeadline) {
   EXPECT_TRUE(child_processes().empty()) << "the commands were killed and reaped";
   std::ifstream in(sleeps);
   size_t count = 0;
-  for (int pid; in >> pid; ++count) EXPECT_TRUE(process_ended(pid)) << "sleep " << pid;
+  for (int pid; in >> pid; ++count) EXPECT_TRUE(process_ends_within(pid, 2s)) << "sleep " << pid;
   EXPECT_EQ(count, 2u) << "a sleep per attempt, each killed with its group";
 }
 
@@ -288,7 +288,7 @@ TEST(PipeShards, ALoaderDestroyedMidShardLeavesNoProcess) {
       for (int pid : recorded) EXPECT_FALSE(process_ended(pid)) << pid << " alive mid-shard";
     }  // the loader, then the source
     EXPECT_TRUE(child_processes().empty()) << "no child left";
-    for (int pid : recorded) EXPECT_TRUE(process_ended(pid)) << pid << " was killed";
+    for (int pid : recorded) EXPECT_TRUE(process_ends_within(pid, 2s)) << pid << " was killed";
   });
 }
 

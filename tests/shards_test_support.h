@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -271,6 +273,18 @@ inline bool process_ended(int pid) {
   if (!std::getline(in, line)) return true;
   const size_t close = line.rfind(')');
   return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+// process_ended(pid), read again for up to `wait`: a SIGKILL to a process group is delivered
+// asynchronously, so a killed member that is not the caller's child (a command's background job,
+// reaped by init) can still be running for a moment after killpg returns.
+inline bool process_ends_within(int pid, std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (!process_ended(pid)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
 }
 
 }  // namespace conveyor::testing::shards
