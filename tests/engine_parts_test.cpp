@@ -84,12 +84,22 @@ TEST(IndexQueue, EveryPushedIndexIsPoppedExactlyOnceAcrossThreads) {
   IndexQueue queue(1024);
   std::vector<std::atomic<int>> seen(2 * kPerProducer);
   std::vector<std::thread> threads;
-  std::atomic<uint32_t> pushed_room{1024};  // never overfill the bounded queue
+  // Never overfill the bounded queue: a producer claims room before it pushes, atomically, so
+  // that two producers cannot both take the last place.
+  std::atomic<uint32_t> pushed_room{1024};
+  const auto claim_room = [&] {
+    uint32_t room = pushed_room.load();
+    while (room == 0 || !pushed_room.compare_exchange_weak(room, room - 1)) {
+      if (room == 0) {
+        std::this_thread::yield();
+        room = pushed_room.load();
+      }
+    }
+  };
   for (uint32_t p = 0; p < 2; ++p) {
     threads.emplace_back([&, p] {
       for (uint32_t i = 0; i < kPerProducer; ++i) {
-        while (pushed_room.load() == 0) std::this_thread::yield();
-        pushed_room.fetch_sub(1);
+        claim_room();
         queue.push(p * kPerProducer + i);
       }
     });
