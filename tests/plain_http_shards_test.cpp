@@ -207,6 +207,19 @@ TEST(PlainHttpShards, NginxKilledMidShardAndRestartedCostsARetryNotASample) {
       EXPECT_EQ(loader.stats().errors, 0u);
     });
     EXPECT_EQ(samples_of(got), from_disk);
+    // nginx writes a request's line once it finished answering, which can come a moment after
+    // the client read the last byte and the epoch ended (a busy CI machine found the log still
+    // without it): wait (at most 10 s) for a line of the retried shard.
+    const auto retried = [&] {
+      for (const auto& r : request_lines(server.requests())) {
+        if (r[0].find(".tar") != std::string::npos && r[1] != "-") return true;
+      }
+      return false;
+    };
+    for (auto deadline = std::chrono::steady_clock::now() + 10s;
+         !retried() && std::chrono::steady_clock::now() < deadline;) {
+      std::this_thread::sleep_for(20ms);
+    }
     bool resumed = false;
     for (const auto& r : request_lines(server.requests())) {
       if (r[0].find(".tar") == std::string::npos || r[1] == "-") continue;
