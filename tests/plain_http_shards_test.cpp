@@ -45,6 +45,17 @@ ShardOptions quick_stream() {
   return o;
 }
 
+// A server logs a request once it finished answering, which can be a moment after the client read
+// the last byte: waits until `logged()` or `limit` passed (the caller's checks then say what is
+// missing).
+template <typename Predicate>
+void wait_for_log(Predicate logged, std::chrono::milliseconds limit = 10s) {
+  for (auto deadline = std::chrono::steady_clock::now() + limit;
+       !logged() && std::chrono::steady_clock::now() < deadline;) {
+    std::this_thread::sleep_for(20ms);
+  }
+}
+
 // Streams `pattern` (the prepared shards behind some server) and checks it against the same
 // shards read from disk: every sample of the folder once per epoch, in the disk's order, and
 // under 2 ranks each rank's samples as from disk, disjoint, equally many.
@@ -133,8 +144,8 @@ TEST(PlainHttpShards, AConnectionDroppedMidShardGoesOnWithRangeOrFromTheStart) {
     EXPECT_EQ(as_set(got), everything) << "every sample once";
     EXPECT_EQ(got, from_disk);
 
-    // The server logs a request after its last byte went out, so the epoch may end before the
-    // last line is written: wait (at most 10 s) for two lines per cut shard.
+    // The epoch may end before the server logged its last request: wait for two lines per cut
+    // shard.
     const auto logged = [&] {
       const auto lines = request_lines(slurp(log));
       for (const auto& shard : local) {
@@ -147,10 +158,7 @@ TEST(PlainHttpShards, AConnectionDroppedMidShardGoesOnWithRangeOrFromTheStart) {
       }
       return true;
     };
-    for (auto deadline = std::chrono::steady_clock::now() + 10s;
-         !logged() && std::chrono::steady_clock::now() < deadline;) {
-      std::this_thread::sleep_for(20ms);
-    }
+    wait_for_log(logged);
     const auto requests = request_lines(slurp(log));
     for (const auto& shard : local) {
       const std::string name = "/" + fs::path(shard).filename().string();
@@ -207,19 +215,15 @@ TEST(PlainHttpShards, NginxKilledMidShardAndRestartedCostsARetryNotASample) {
       EXPECT_EQ(loader.stats().errors, 0u);
     });
     EXPECT_EQ(samples_of(got), from_disk);
-    // nginx writes a request's line once it finished answering, which can come a moment after
-    // the client read the last byte and the epoch ended (a busy CI machine found the log still
-    // without it): wait (at most 10 s) for a line of the retried shard.
+    // The epoch may end before nginx logged the retried request (a busy CI machine found the log
+    // without it): wait for a line of the retried shard.
     const auto retried = [&] {
       for (const auto& r : request_lines(server.requests())) {
         if (r[0].find(".tar") != std::string::npos && r[1] != "-") return true;
       }
       return false;
     };
-    for (auto deadline = std::chrono::steady_clock::now() + 10s;
-         !retried() && std::chrono::steady_clock::now() < deadline;) {
-      std::this_thread::sleep_for(20ms);
-    }
+    wait_for_log(retried);
     bool resumed = false;
     for (const auto& r : request_lines(server.requests())) {
       if (r[0].find(".tar") == std::string::npos || r[1] == "-") continue;
