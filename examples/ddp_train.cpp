@@ -48,6 +48,8 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "conveyor/conveyor.h"
 #include "synthetic.h"
 
@@ -76,62 +78,45 @@ struct Settings {
   int64_t stop_at_step = -1;
 };
 
-[[noreturn]] void usage(const std::string& problem) {
-  std::fprintf(stderr,
-               "ddp_train: %s\n"
-               "usage: ddp_train [--epochs N] [--batch N] [--workers N] [--samples N] [--seed N]\n"
-               "       [--lr X] [--drop-last] [--checkpoint DIR] [--checkpoint-every N]\n"
-               "       [--log PREFIX] [--die-at-step S --die-rank R] [--stop-at-step S]\n"
-               "Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK (scripts/ddp-run).\n",
-               problem.c_str());
-  std::exit(2);
-}
-
+// The command line (CLI11, as conveyor-bench and conveyor-prepare): --help lists every option with
+// its default; a usage error prints the problem and exits with status 2.
 Settings parse(int argc, char** argv) {
   Settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--drop-last") {
-      s.drop_last = true;
-      continue;
-    }
-    if (i + 1 >= argc) usage("missing the value of " + arg);
-    const std::string value = argv[++i];
-    const auto number = [&] {
-      char* end = nullptr;
-      const long long v = std::strtoll(value.c_str(), &end, 10);
-      if (end == value.c_str() || *end != '\0') usage("not a number: " + arg + " " + value);
-      return static_cast<int64_t>(v);
-    };
-    if (arg == "--epochs") {
-      s.epochs = number();
-    } else if (arg == "--batch") {
-      s.batch = static_cast<size_t>(number());
-    } else if (arg == "--workers") {
-      s.workers = static_cast<size_t>(number());
-    } else if (arg == "--samples") {
-      s.samples = static_cast<size_t>(number());
-    } else if (arg == "--seed") {
-      s.seed = static_cast<uint64_t>(number());
-    } else if (arg == "--lr") {
-      s.lr = std::strtod(value.c_str(), nullptr);
-    } else if (arg == "--checkpoint") {
-      s.checkpoint = value;
-    } else if (arg == "--checkpoint-every") {
-      s.checkpoint_every = number();
-    } else if (arg == "--log") {
-      s.log = value;
-    } else if (arg == "--die-at-step") {
-      s.die_at_step = number();
-    } else if (arg == "--die-rank") {
-      s.die_rank = number();
-    } else if (arg == "--stop-at-step") {
-      s.stop_at_step = number();
-    } else {
-      usage("unknown option " + arg);
-    }
+  CLI::App app(
+      "ddp_train: data-parallel training on c10d (Gloo) with Conveyor's DistributedSampler,\n"
+      "checkpoints and resume. Reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK\n"
+      "(scripts/ddp-run sets them).");
+  app.get_formatter()->column_width(26);
+  app.add_option("--epochs", s.epochs, "epochs")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--batch", s.batch, "batch size per rank")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--workers", s.workers, "decode threads per rank")->capture_default_str();
+  app.add_option("--samples", s.samples, "dataset size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--seed", s.seed, "the loader's seed")->capture_default_str();
+  app.add_option("--lr", s.lr, "SGD learning rate")->capture_default_str();
+  app.add_flag("--drop-last", s.drop_last, "the sampler drops the tail instead of padding");
+  app.add_option("--checkpoint", s.checkpoint, "write and resume checkpoints in DIR");
+  app.add_option("--checkpoint-every", s.checkpoint_every,
+                 "checkpoint every N steps (0: at each epoch's end only)")
+      ->capture_default_str();
+  app.add_option("--log", s.log,
+                 "each rank appends \"epoch E step S indices i j k ...\" to PREFIX.rankR.log");
+  app.add_option("--die-at-step", s.die_at_step,
+                 "rank --die-rank sends itself SIGKILL on receiving the batch of step S");
+  app.add_option("--die-rank", s.die_rank, "the rank that --die-at-step kills")
+      ->capture_default_str();
+  app.add_option("--stop-at-step", s.stop_at_step,
+                 "checkpoint after step S-1 (with --checkpoint) and exit 0");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
   }
-  if (s.batch == 0 || s.samples == 0 || s.epochs < 0) usage("--batch and --samples must be >= 1");
   return s;
 }
 

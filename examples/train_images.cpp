@@ -20,6 +20,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <CLI/CLI.hpp>
+
 #include "conveyor/conveyor.h"
 #include "synthetic.h"
 
@@ -45,51 +47,43 @@ struct Settings {
   uint64_t seed = 0;
 };
 
-[[noreturn]] void usage(const char* problem) {
-  std::fprintf(stderr,
-               "train_images: %s\n"
-               "usage: train_images (--data DIR | --generate DIR) [--classes N] [--per-class N]\n"
-               "       [--size N] [--batch N] [--workers N] [--epochs N] [--steps N] [--lr X]\n"
-               "       [--seed N]\n",
-               problem);
-  std::exit(2);
-}
-
+// The command line (CLI11, as conveyor-bench and conveyor-prepare): --help lists every option with
+// its default; a usage error prints the problem and exits with status 2.
 Settings parse(int argc, char** argv) {
   Settings s;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) usage(("missing the value of " + arg).c_str());
-    const std::string value = argv[++i];
-    const auto number = [&] { return std::strtoull(value.c_str(), nullptr, 10); };
-    if (arg == "--data") {
-      s.data = value;
-    } else if (arg == "--generate") {
-      s.generate = value;
-    } else if (arg == "--classes") {
-      s.classes = number();
-    } else if (arg == "--per-class") {
-      s.per_class = number();
-    } else if (arg == "--size") {
-      s.size = static_cast<int>(number());
-    } else if (arg == "--batch") {
-      s.batch = number();
-    } else if (arg == "--workers") {
-      s.workers = number();
-    } else if (arg == "--epochs") {
-      s.epochs = static_cast<int>(number());
-    } else if (arg == "--steps") {
-      s.steps = number();
-    } else if (arg == "--lr") {
-      s.lr = std::strtod(value.c_str(), nullptr);
-    } else if (arg == "--seed") {
-      s.seed = number();
-    } else {
-      usage(("unknown option " + arg).c_str());
+  CLI::App app(
+      "train_images: a small CNN trained on an ImageFolder through Conveyor's image "
+      "pipeline");
+  app.get_formatter()->column_width(24);
+  auto* data = app.add_option("--data", s.data, "an ImageFolder (DIR/<class>/<image>.jpg)");
+  auto* generate = app.add_option("--generate", s.generate,
+                                  "first write a small photo-like ImageFolder to DIR, then train");
+  data->excludes(generate);
+  app.add_option("--classes", s.classes, "classes of the generated dataset")->capture_default_str();
+  app.add_option("--per-class", s.per_class, "images per class of the generated dataset")
+      ->capture_default_str();
+  app.add_option("--size", s.size, "output side of each image (at least 8)")
+      ->capture_default_str()
+      ->check(CLI::Range(8, 4096));
+  app.add_option("--batch", s.batch, "batch size")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--workers", s.workers, "decode threads")->capture_default_str();
+  app.add_option("--epochs", s.epochs, "epochs")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", s.steps, "stop after this many steps (0: whole epochs)")
+      ->capture_default_str();
+  app.add_option("--lr", s.lr, "SGD learning rate")->capture_default_str();
+  app.add_option("--seed", s.seed, "the loader's seed")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+    if (s.data.empty() == s.generate.empty()) {
+      throw CLI::ValidationError("give either --data or --generate");
     }
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 2);
   }
-  if (s.data.empty() == s.generate.empty()) usage("give either --data or --generate");
-  if (s.size < 8 || s.batch == 0) usage("--size must be at least 8 and --batch at least 1");
   return s;
 }
 
