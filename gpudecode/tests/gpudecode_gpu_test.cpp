@@ -327,7 +327,9 @@ TEST_F(GpuDecode, ACorruptScanNeverBecomesARowAndTheStreamIsIdleAfterARefusedBat
               result.to_cpu.size());
   EXPECT_TRUE(to_cpu || failed) << "the hardware decoded a corrupt scan into a row";
   const at::Tensor row = rows[2].cpu();
-  if (to_cpu || failed) EXPECT_TRUE(row.eq(0x5A).all().item<bool>()) << "its row was written";
+  if (to_cpu || failed) {
+    EXPECT_TRUE(row.eq(0x5A).all().item<bool>()) << "its row was written";
+  }
   if (result.to_cpu.size() == batch.size()) {
     // nvJPEG refused the whole call (BAD_JPEG): nothing of it may still run on the stream.
     EXPECT_EQ(cudaStreamQuery(stream.native_handle()), cudaSuccess);
