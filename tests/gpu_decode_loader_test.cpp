@@ -6,7 +6,8 @@
 // path's bytes, so every batch must equal a CPU-only loader's batch exactly: a row in the wrong
 // place, a row the copy stage did not take from the device, or a sample decoded twice shows.
 // GpuDecodeLoaderGpu needs a GPU with hardware JPEG engines (and skips, saying why, without one):
-// the real nvJPEG path against the CPU path within GpuCropDecoder's tolerance.
+// the real nvJPEG path against the CPU path within GpuCropDecoder's tolerance, also while the
+// training thread captures CUDA graphs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,8 +18,12 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/serialize/archive.h>
 
 #include "conveyor/decode_balance.h"
@@ -524,6 +529,63 @@ TEST_F(GpuDecodeLoaderGpu, BatchesMatchTheCpuPathWithinTheTolerance) {
         static_cast<unsigned long long>(stats.cpu_images),
         static_cast<unsigned long long>(stats.refused), worst_abs, worst_psnr);
   }
+}
+
+// The training thread captures CUDA graphs (in the default, global mode, where another thread's
+// cudaMalloc, cudaFree or stream synchronization breaks the capture) while the loader's decode
+// threads decode the next batches: every capture succeeds, and the batches are the CPU path's
+// within the tolerance.
+TEST_F(GpuDecodeLoaderGpu, AGraphCapturedOnTheTrainingThreadWhileTheLoaderDecodes) {
+  Corpus c;
+  for (size_t i = 0; i < 96; ++i) {
+    c.files.push_back(make_photo_jpeg(500, 375, 300 + i, 90));
+    c.labels.push_back(static_cast<int64_t>(i % 10));
+  }
+  auto source = [&] {
+    return ImageSource::in_memory(c.files, c.labels, ImageTransform::train(224));
+  };
+  DataLoader reference(source(), options(16, 2, 0, GpuDecode::off()), RandomSampler::make(5));
+  const std::vector<Batch> want = run(reference, 1);
+  LoaderOptions o = options(16, 2, 0, with_threads(GpuDecode::hardware_only(), 2, 16));
+  o.device = c10::Device("cuda:0");
+  DataLoader loader(source(), o, RandomSampler::make(5));
+  const at::Tensor x = at::ones({1 << 16}, at::TensorOptions().device(at::kCUDA));
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, 0);
+  size_t batches = 0, captures = 0;
+  for (Batch& b : loader) {
+    for (int k = 0; k < 4; ++k) {
+      at::cuda::CUDAGraph graph;
+      at::Tensor y;
+      bool captured = false;
+      {
+        const c10::cuda::CUDAStreamGuard guard(side);
+        graph.capture_begin();
+        y = x;
+        for (int op = 0; op < 100; ++op) y = y * 1.0001f + 0.5f;
+        // Kept open a few milliseconds, so that the decode threads' calls fall inside it.
+        std::this_thread::sleep_for(5ms);
+        try {
+          graph.capture_end();  // throws where another thread's call invalidated the capture
+          captured = true;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "a capture broke, batch " << batches << ": " << e.what();
+        }
+      }
+      if (captured) graph.replay();
+      captures += captured ? 1 : 0;
+    }
+    ASSERT_LT(batches, want.size());
+    EXPECT_EQ(b.indices, want[batches].indices);
+    const at::Tensor got = b.images().cpu();
+    for (int64_t r = 0; r < got.size(0); ++r) {
+      const Difference d = compare(got[r], want[batches].images()[r]);
+      EXPECT_LE(d.max_abs, GpuCropDecoder::kMaxAbsDiff) << "batch " << batches << " row " << r;
+    }
+    ++batches;
+  }
+  EXPECT_EQ(batches, want.size());
+  EXPECT_GT(loader.stats().gpu_decode.gpu_images, 0u);
+  std::printf("%zu graphs captured while GPU decode ran, %zu batches right\n", captures, batches);
 }
 
 }  // namespace

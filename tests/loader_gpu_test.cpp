@@ -414,12 +414,18 @@ TEST_F(CudaUnitGpu, AFailedPinnedAllocationLeavesNoErrorPending) {
 }
 
 // An error left pending by earlier, unrelated work is not the kernel's own: normalize_images
-// succeeds and leaves it where it was.
+// succeeds and leaves it where it was. Everything torch launches (whose own launch check would
+// read the pending error first) happens before the error is left: the input is made, and a first
+// normalize_images call leaves its output's block in the caching allocator, so the call under
+// test launches nothing but its own kernel.
 TEST_F(CudaUnitGpu, NormalizeReportsItsOwnLaunchErrorNeverAnEarlierOne) {
-  void* p = nullptr;
-  ASSERT_NE(cudaMalloc(&p, size_t{1} << 60), cudaSuccess);  // leaves cudaErrorMemoryAllocation
   const at::Tensor images =
       at::zeros({2, 3, 8, 8}, at::TensorOptions().device(kCuda0).dtype(at::kByte));
+  (void)normalize_images(images);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  ASSERT_EQ(cudaGetLastError(), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_NE(cudaMalloc(&p, size_t{1} << 60), cudaSuccess);  // leaves cudaErrorMemoryAllocation
   EXPECT_NO_THROW(normalize_images(images));
   EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);  // still the earlier work's
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);

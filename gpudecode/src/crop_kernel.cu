@@ -1,5 +1,6 @@
 #include <cuda_runtime.h>
 
+#include "conveyor/internal/kernel_launch.h"
 #include "crop_kernel.h"
 
 namespace conveyor::gpudecode {
@@ -23,8 +24,9 @@ int launch_crop_rows(const CropJob* jobs, int count, int side, CUstream_st* stre
   constexpr int kThreads = 256;
   const dim3 grid(static_cast<unsigned>((side * side + kThreads - 1) / kThreads),
                   static_cast<unsigned>(count));
-  crop_rows<<<grid, kThreads, 0, stream>>>(jobs, side);
-  return static_cast<int>(cudaGetLastError());
+  // The CUDA unit's rule: this launch's own error, never one left pending by earlier work.
+  return static_cast<int>(
+      detail::launch_kernel(&crop_rows, grid, dim3(kThreads), stream, jobs, side));
 }
 
 }  // namespace conveyor::gpudecode

@@ -21,7 +21,8 @@ struct CropJob {
 };
 
 // Launches the kernel over jobs[0 .. count) (device memory, every plan of the same side) on
-// `stream`. Returns the launch's cudaError_t (0: launched).
+// `stream`. Returns this launch's own cudaError_t (0: launched; the CUDA unit's kernel-launch
+// rule, conveyor/internal/kernel_launch.h), never an error left pending by earlier work.
 int launch_crop_rows(const CropJob* jobs, int count, int side, CUstream_st* stream);
 
 }  // namespace conveyor::gpudecode

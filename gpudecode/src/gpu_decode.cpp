@@ -10,6 +10,7 @@
 
 #include "conveyor/cuda.h"
 #include "conveyor/internal/cuda_check.h"
+#include "conveyor/pinned.h"
 #include "crop_kernel.h"
 #include "crop_plan.h"
 #include "nvjpeg_api.h"
@@ -63,70 +64,31 @@ class NvObject {
   DestroyFn destroy_ = nullptr;
 };
 
-// Device memory that only grows, freed on its device.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() {
-    if (data_) cudaFree(data_);
-  }
-  // At least `bytes` bytes; the old contents are not kept. Throws CudaError.
-  void* reserve(size_t bytes) {
-    if (bytes > bytes_) {
-      const size_t grown = std::max(bytes, bytes_ + bytes_ / 2);
-      if (data_) cudaFree(data_);
-      data_ = nullptr;
-      bytes_ = 0;
-      detail::check_cuda(cudaMalloc(&data_, grown), "cudaMalloc of the decoded regions");
-      bytes_ = grown;
-    }
-    return data_;
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Pinned host memory for a fixed count of T, allocated once.
-template <typename T>
-class PinnedArray {
- public:
-  explicit PinnedArray(size_t count) {
-    void* p = nullptr;
-    detail::check_cuda(cudaHostAlloc(&p, count * sizeof(T), cudaHostAllocDefault),
-                       "cudaHostAlloc of the crop jobs");
-    data_ = static_cast<T*>(p);
-  }
-  PinnedArray(const PinnedArray&) = delete;
-  PinnedArray& operator=(const PinnedArray&) = delete;
-  ~PinnedArray() {
-    if (data_) cudaFreeHost(data_);
-  }
-  T* data() const { return data_; }
-
- private:
-  T* data_ = nullptr;
-};
-
 using OwnedHandle = NvObject<nv::Handle, nv::DestroyFn>;
 using OwnedState = NvObject<nv::State, nv::StateDestroyFn>;
 using OwnedStream = NvObject<nv::Stream, nv::StreamDestroyFn>;
 using OwnedParams = NvObject<nv::Params, nv::ParamsDestroyFn>;
 
-// The library, the device and a hardware-backend handle, or the reason there are none.
+// The library, the device and a hardware-backend handle, or the reason there are none. The handle
+// is declared after the library, so it is destroyed first.
 struct Probe {
   GpuDecodeStatus status;
-  std::optional<NvjpegLibrary> library;
+  std::shared_ptr<const NvjpegLibrary> library;
   OwnedHandle handle;
 };
+
+// The process's one load of the default library; files a setup names are loaded for it alone.
+std::shared_ptr<const NvjpegLibrary> library_for(const GpuDecodeSetup& setup, std::string* why) {
+  if (setup.library_paths.empty()) return NvjpegLibrary::process_library(why);
+  std::optional<NvjpegLibrary> library = NvjpegLibrary::load(setup.library_paths, why);
+  if (!library) return nullptr;
+  return std::make_shared<const NvjpegLibrary>(std::move(*library));
+}
 
 Probe probe(const GpuDecodeSetup& setup) {
   Probe p;
   std::string why;
-  p.library = NvjpegLibrary::load(setup.library_paths, &why);
+  p.library = library_for(setup, &why);
   if (!p.library) {
     p.status.reason = "GPU decode unavailable: " + why +
                       "; pip install nvidia-nvjpeg (scripts/setup does) or add its lib folder to "
@@ -153,8 +115,16 @@ Probe probe(const GpuDecodeSetup& setup) {
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
     name += " (" + std::string(prop.name) + ")";
   nv::Handle handle = nullptr;
-  const int created = static_cast<int>(p.library->create_ex(
-      static_cast<nv::Backend>(nv::kBackendHardware), nullptr, nullptr, 0, &handle));
+  const auto hardware = static_cast<nv::Backend>(nv::kBackendHardware);
+  // Strict, so that a corrupt scan is an error rather than a garbage row; where this nvJPEG
+  // refuses the flag with the hardware backend, the status says the decode is not strict.
+  int created = static_cast<int>(
+      p.library->create_ex(hardware, nullptr, nullptr, nv::kFlagsBitstreamStrict, &handle));
+  p.status.strict = created == nv::kStatusSuccess;
+  if (!p.status.strict) {
+    handle = nullptr;
+    created = static_cast<int>(p.library->create_ex(hardware, nullptr, nullptr, 0, &handle));
+  }
   if (created != nv::kStatusSuccess) {
     p.status.reason = "GPU decode unavailable: no hardware JPEG engine on " + name +
                       " (nvjpegCreateEx with NVJPEG_BACKEND_HARDWARE: " + nv::status_name(created) +
@@ -213,12 +183,27 @@ struct GpuCropDecoder::State {
   std::vector<size_t> offsets;    // their regions' offsets in `regions`
   std::vector<CropPlan> plans;
   std::vector<Region> regions_decoded;  // what nvJPEG decodes for each plan
-  DeviceBuffer regions;
-  DeviceBuffer device_jobs;
-  PinnedArray<CropJob> host_jobs;
+  DeviceBuffer regions;  // the decoded regions: grows (at least doubling) only past its size
+  size_t region_growths = 0;
+  DeviceBuffer device_jobs;  // max_batch CropJobs
+  HostBuffer host_jobs;      // max_batch CropJobs, pinned: their copy to device_jobs is async
   explicit State(GpuDecodeOptions o, Probe p)
-      : options(std::move(o)), probe(std::move(p)), host_jobs(options.max_batch) {}
+      : options(std::move(o)),
+        probe(std::move(p)),
+        device_jobs(options.max_batch * sizeof(CropJob), probe.status.device),
+        host_jobs(options.max_batch * sizeof(CropJob), HostBuffer::Kind::kAuto, false,
+                  probe.status.device) {}
+  CropJob* jobs_on_host() const { return reinterpret_cast<CropJob*>(host_jobs.data()); }
 };
+
+namespace {
+
+// The bytes of one decoded region in the region buffer (256-byte aligned).
+size_t region_buffer_bytes(size_t width, size_t height) {
+  return (width * 3 * height + 255) / 256 * 256;
+}
+
+}  // namespace
 
 GpuCropDecoder::GpuCropDecoder(GpuDecodeOptions options) {
   if (options.transform.size <= 0) {
@@ -256,7 +241,18 @@ GpuCropDecoder::GpuCropDecoder(GpuDecodeOptions options) {
   s.offsets.reserve(n);
   s.plans.reserve(n);
   s.regions_decoded.reserve(n);
-  s.device_jobs.reserve(n * sizeof(CropJob));
+  if (s.options.expected_width > 0 && s.options.expected_height > 0) {
+    // Allocated now, not mid-training (see GpuDecodeOptions). nvJPEG's pre-allocation is a hint:
+    // where it fails, nvJPEG allocates at the first decode as it would without it.
+    (void)lib.batched_pre_allocate(handle, s.state.get(), static_cast<int>(n),
+                                   s.options.expected_width, s.options.expected_height,
+                                   static_cast<nv::ChromaSubsampling>(nv::kCss444),
+                                   static_cast<nv::OutputFormat>(nv::kOutputRgbi));
+    s.regions =
+        DeviceBuffer(n * region_buffer_bytes(static_cast<size_t>(s.options.expected_width),
+                                             static_cast<size_t>(s.options.expected_height)),
+                     s.probe.status.device);
+  }
 }
 
 GpuCropDecoder::~GpuCropDecoder() {
@@ -273,6 +269,8 @@ GpuCropDecoder::GpuCropDecoder(GpuCropDecoder&&) noexcept = default;
 GpuCropDecoder& GpuCropDecoder::operator=(GpuCropDecoder&&) noexcept = default;
 
 const GpuDecodeStatus& GpuCropDecoder::status() const { return state_->probe.status; }
+
+size_t GpuCropDecoder::buffer_growths() const { return state_->region_growths; }
 
 GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint8_t* device_rows,
                                        CUstream_st* stream) {
@@ -357,12 +355,20 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
       s.plans.push_back(plan);
       s.regions_decoded.push_back(region);
       s.batch_params.push_back(params);
-      const size_t bytes = static_cast<size_t>(region.w) * 3 * static_cast<size_t>(region.h);
-      region_bytes += (bytes + 255) / 256 * 256;
+      region_bytes +=
+          region_buffer_bytes(static_cast<size_t>(region.w), static_cast<size_t>(region.h));
     }
     const size_t n = s.positions.size();
     if (n == 0) return result;
-    auto* regions = static_cast<uint8_t*>(s.regions.reserve(region_bytes));
+    if (region_bytes > s.regions.size()) {
+      // Freed first (the previous batch has finished: decode() waits for it), then at least
+      // doubled, so that growths are few.
+      const size_t grown = std::max(region_bytes, 2 * s.regions.size());
+      if (s.regions) ++s.region_growths;
+      s.regions = DeviceBuffer();
+      s.regions = DeviceBuffer(grown, s.probe.status.device);
+    }
+    auto* regions = static_cast<uint8_t*>(s.regions.data());
     s.batch_images.assign(n, nv::Image{});
     s.batch_data.clear();
     s.batch_lengths.clear();
@@ -378,7 +384,7 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
       const uint8_t* roi = regions + s.offsets[k] +
                            static_cast<size_t>(plan.roi_y - region.y) * pitch +
                            static_cast<size_t>(plan.roi_x - region.x) * 3;
-      s.host_jobs.data()[k] = CropJob{plan, roi, pitch, rows[s.positions[k]]};
+      s.jobs_on_host()[k] = CropJob{plan, roi, pitch, rows[s.positions[k]]};
     }
     check_nvjpeg(lib.batched_initialize(handle, s.state.get(), static_cast<int>(n), 1,
                                         static_cast<nv::OutputFormat>(nv::kOutputRgbi)),
@@ -389,15 +395,20 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
     if (decoded == nv::kStatusBadJpeg || decoded == nv::kStatusIncompleteBitstream ||
         decoded == nv::kStatusJpegNotSupported) {
       // One of the files is corrupt past its header, and the batched call does not say which:
-      // the CPU path decodes them all, and its on_error policy names the corrupt one.
-      cudaGetLastError();
+      // the CPU path decodes them all, and its on_error policy names the corrupt one. Work of
+      // the call may still run on the stream: wait for it, so that the next call's
+      // nvjpegDecodeBatchedInitialize (forbidden while a decode runs) and a growth of the region
+      // buffer (cudaFree of memory it may still write) are safe.
+      (void)cudaGetLastError();
+      detail::check_cuda(cudaStreamSynchronize(stream),
+                         "cudaStreamSynchronize after a batch nvJPEG refused");
       result.to_cpu.insert(result.to_cpu.end(), s.positions.begin(), s.positions.end());
       std::sort(result.to_cpu.begin(), result.to_cpu.end());
       return result;
     }
     check_nvjpeg(static_cast<nv::Status>(decoded), "nvjpegDecodeBatchedEx");
-    auto* jobs = static_cast<CropJob*>(s.device_jobs.reserve(n * sizeof(CropJob)));
-    detail::check_cuda(cudaMemcpyAsync(jobs, s.host_jobs.data(), n * sizeof(CropJob),
+    auto* jobs = static_cast<CropJob*>(s.device_jobs.data());
+    detail::check_cuda(cudaMemcpyAsync(jobs, s.jobs_on_host(), n * sizeof(CropJob),
                                        cudaMemcpyHostToDevice, stream),
                        "cudaMemcpyAsync of the crop jobs");
     detail::check_cuda(static_cast<cudaError_t>(
@@ -421,31 +432,24 @@ namespace {
 // GpuCropDecoder on a stream of its own: the loader's device decoder (DeviceImageDecoder).
 class NvjpegDeviceDecoder final : public DeviceImageDecoder {
  public:
-  explicit NvjpegDeviceDecoder(GpuDecodeOptions options) : decoder_(std::move(options)) {
-    const int device = decoder_.status().device;
-    detail::DeviceGuard guard(device);
-    cudaStream_t stream = nullptr;
-    detail::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                       "creating GPU decode's stream on cuda:" + std::to_string(device));
-    stream_ = stream;
-  }
+  explicit NvjpegDeviceDecoder(GpuDecodeOptions options)
+      : decoder_(std::move(options)), stream_(decoder_.status().device) {}
   ~NvjpegDeviceDecoder() override {
-    try {
-      detail::DeviceGuard guard(decoder_.status().device);
-      if (cudaStreamDestroy(stream_) != cudaSuccess) (void)cudaGetLastError();
-    } catch (...) {  // the device is gone (a sticky error): nothing runs on it any more
+    try {  // the decoder's memory outlives whatever is still queued on the stream
+      stream_.synchronize();
+    } catch (...) {  // a sticky error: nothing runs on the device any more
     }
   }
   NvjpegDeviceDecoder(const NvjpegDeviceDecoder&) = delete;
   NvjpegDeviceDecoder& operator=(const NvjpegDeviceDecoder&) = delete;
 
   GpuDecodeResult decode(const GpuJpeg* images, size_t count, uint8_t* const* rows) override {
-    return decoder_.decode(images, count, rows, stream_);
+    return decoder_.decode(images, count, rows, stream_.native_handle());
   }
 
  private:
   GpuCropDecoder decoder_;
-  cudaStream_t stream_ = nullptr;
+  CudaStream stream_;  // destroyed before the decoder
 };
 
 class NvjpegHardwareDecoders final : public DeviceDecoderFactory {

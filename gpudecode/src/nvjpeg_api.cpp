@@ -97,6 +97,7 @@ std::optional<NvjpegLibrary> NvjpegLibrary::load(const std::vector<std::string>&
     resolve(handle, "nvjpegJpegStateCreate", library.state_create, missing);
     resolve(handle, "nvjpegJpegStateDestroy", library.state_destroy, missing);
     resolve(handle, "nvjpegDecodeBatchedInitialize", library.batched_initialize, missing);
+    resolve(handle, "nvjpegDecodeBatchedPreAllocate", library.batched_pre_allocate, missing);
     resolve(handle, "nvjpegDecodeBatchedEx", library.batched_decode_ex, missing);
     resolve(handle, "nvjpegDecodeBatchedSupportedEx", library.batched_supported_ex, missing);
     resolve(handle, "nvjpegJpegStreamCreate", library.stream_create, missing);
@@ -116,6 +117,23 @@ std::optional<NvjpegLibrary> NvjpegLibrary::load(const std::vector<std::string>&
   return std::nullopt;
 }
 
+std::shared_ptr<const NvjpegLibrary> NvjpegLibrary::process_library(std::string* reason) {
+  struct Loaded {
+    std::shared_ptr<const NvjpegLibrary> library;
+    std::string reason;
+  };
+  // The one load (a function-local static: C++ makes its initialization thread-safe). Nothing
+  // else of GPU decode is process-wide.
+  static const Loaded loaded = [] {
+    Loaded result;
+    std::optional<NvjpegLibrary> library = load({}, &result.reason);
+    if (library) result.library = std::make_shared<const NvjpegLibrary>(std::move(*library));
+    return result;
+  }();
+  if (!loaded.library && reason != nullptr) *reason = loaded.reason;
+  return loaded.library;
+}
+
 NvjpegLibrary::NvjpegLibrary(NvjpegLibrary&& other) noexcept { *this = std::move(other); }
 
 NvjpegLibrary& NvjpegLibrary::operator=(NvjpegLibrary&& other) noexcept {
@@ -128,6 +146,7 @@ NvjpegLibrary& NvjpegLibrary::operator=(NvjpegLibrary&& other) noexcept {
     state_create = other.state_create;
     state_destroy = other.state_destroy;
     batched_initialize = other.batched_initialize;
+    batched_pre_allocate = other.batched_pre_allocate;
     batched_decode_ex = other.batched_decode_ex;
     batched_supported_ex = other.batched_supported_ex;
     stream_create = other.stream_create;

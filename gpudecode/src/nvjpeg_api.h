@@ -11,9 +11,12 @@
 // NvjpegLibrary: one dlopen'ed libnvjpeg.so.13 and its entry points, owned (dlclose in the
 // destructor). Requires: nothing. Guarantees: load() either returns a library whose every entry
 // point is resolved or an empty optional with the reason (each path tried and dlerror's text).
+// process_library() is the process's one load of the default library: GPU decode's probes and
+// decoders share it instead of loading and unloading libnvjpeg each time.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +33,7 @@ namespace conveyor::gpudecode::nv {
 using Status = nvjpegStatus_t;
 using Backend = nvjpegBackend_t;
 using OutputFormat = nvjpegOutputFormat_t;
+using ChromaSubsampling = nvjpegChromaSubsampling_t;
 using Image = nvjpegImage_t;
 using DevAllocator = nvjpegDevAllocator_t;
 using PinnedAllocator = nvjpegPinnedAllocator_t;
@@ -42,6 +46,7 @@ using Params = nvjpegDecodeParams_t;
 enum Status : int {};
 enum Backend : int {};
 enum OutputFormat : int {};
+enum ChromaSubsampling : int {};
 struct Image {
   unsigned char* channel[4];
   size_t pitch[4];
@@ -62,6 +67,10 @@ constexpr int kStatusArchMismatch = 7;
 constexpr int kStatusIncompleteBitstream = 10;
 constexpr int kBackendHardware = 3;
 constexpr int kOutputRgbi = 5;  // interleaved RGB, one plane
+constexpr int kCss444 = 0;      // NVJPEG_CSS_444: the largest buffers per pixel
+// NVJPEG_FLAGS_BITSTREAM_STRICT: a bitstream that does not follow the JPEG standard (corrupt
+// entropy-coded data, say) is an error, never decoded as well as can be.
+constexpr unsigned kFlagsBitstreamStrict = 1u << 2;
 
 // The name of an nvjpegStatus_t, e.g. "NVJPEG_STATUS_BAD_JPEG".
 const char* status_name(int status);
@@ -71,6 +80,8 @@ using DestroyFn = Status (*)(Handle);
 using StateCreateFn = Status (*)(Handle, State*);
 using StateDestroyFn = Status (*)(State);
 using BatchedInitializeFn = Status (*)(Handle, State, int, int, OutputFormat);
+using BatchedPreAllocateFn = Status (*)(Handle, State, int, int, int, ChromaSubsampling,
+                                        OutputFormat);
 using BatchedDecodeExFn = Status (*)(Handle, State, const unsigned char* const*, const size_t*,
                                      Image*, Params*, CUstream_st*);
 using BatchedSupportedExFn = Status (*)(Handle, Stream, Params, int*);
@@ -99,6 +110,10 @@ class NvjpegLibrary {
   // files, in order. On failure, `reason` (if given) says what was tried and why each failed.
   static std::optional<NvjpegLibrary> load(const std::vector<std::string>& paths = {},
                                            std::string* reason = nullptr);
+  // load() with no paths, done once per process (the first call; thread-safe) and kept until the
+  // process exits, or for as long as a holder of the pointer lives. nullptr when it failed, with
+  // the first attempt's reason in `reason` (not retried).
+  static std::shared_ptr<const NvjpegLibrary> process_library(std::string* reason = nullptr);
 
   NvjpegLibrary(NvjpegLibrary&& other) noexcept;
   NvjpegLibrary& operator=(NvjpegLibrary&& other) noexcept;
@@ -113,6 +128,7 @@ class NvjpegLibrary {
   StateCreateFn state_create = nullptr;
   StateDestroyFn state_destroy = nullptr;
   BatchedInitializeFn batched_initialize = nullptr;
+  BatchedPreAllocateFn batched_pre_allocate = nullptr;
   BatchedDecodeExFn batched_decode_ex = nullptr;
   BatchedSupportedExFn batched_supported_ex = nullptr;
   StreamCreateFn stream_create = nullptr;

@@ -14,6 +14,7 @@ static_assert(std::is_same_v<DestroyFn, decltype(&::nvjpegDestroy)>);
 static_assert(std::is_same_v<StateCreateFn, decltype(&::nvjpegJpegStateCreate)>);
 static_assert(std::is_same_v<StateDestroyFn, decltype(&::nvjpegJpegStateDestroy)>);
 static_assert(std::is_same_v<BatchedInitializeFn, decltype(&::nvjpegDecodeBatchedInitialize)>);
+static_assert(std::is_same_v<BatchedPreAllocateFn, decltype(&::nvjpegDecodeBatchedPreAllocate)>);
 static_assert(std::is_same_v<BatchedDecodeExFn, decltype(&::nvjpegDecodeBatchedEx)>);
 static_assert(std::is_same_v<BatchedSupportedExFn, decltype(&::nvjpegDecodeBatchedSupportedEx)>);
 static_assert(std::is_same_v<StreamCreateFn, decltype(&::nvjpegJpegStreamCreate)>);
@@ -36,6 +37,9 @@ static_assert(kStatusArchMismatch == NVJPEG_STATUS_ARCH_MISMATCH);
 static_assert(kStatusIncompleteBitstream == NVJPEG_STATUS_INCOMPLETE_BITSTREAM);
 static_assert(kBackendHardware == NVJPEG_BACKEND_HARDWARE);
 static_assert(kOutputRgbi == NVJPEG_OUTPUT_RGBI);
+static_assert(kCss444 == NVJPEG_CSS_444);
+static_assert(kFlagsBitstreamStrict == NVJPEG_FLAGS_BITSTREAM_STRICT);
+static_assert(sizeof(nvjpegChromaSubsampling_t) == sizeof(int));
 // The fallback declarations' layouts: int-sized enums, and nvjpegImage_t as four channel
 // pointers followed by four pitches.
 static_assert(sizeof(nvjpegStatus_t) == sizeof(int) && sizeof(nvjpegBackend_t) == sizeof(int));

@@ -10,6 +10,12 @@
 //   whose decoder raises it (through the loader's on_error) naming the file.
 // - A CUDA error in the decode (a kernel writing to an unmapped address) fails the batch with
 //   the error's name, and the process lives on (in a death-test child: the error is sticky).
+// - A file whose entropy-coded data is corrupt (header and EOI intact) never becomes a row: the
+//   strict handle refuses it (to the CPU, whose decoder raises it, or failed); a batch nvJPEG
+//   refuses has finished on its stream when decode() returns, and the next batch decodes.
+// - The crop kernel reports its own launch error, never one left pending by earlier work.
+// - Buffers are allocated up front for max_batch regions of the expected size: decoding such
+//   batches grows nothing; a larger region grows the region buffer once.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
@@ -25,9 +31,12 @@
 #include <string>
 #include <vector>
 
+#include "conveyor/cuda.h"
 #include "conveyor/datasets.h"
 #include "conveyor/gpu_decode.h"
 #include "conveyor/jpeg.h"
+#include "crop_kernel.h"
+#include "crop_plan.h"
 #include "synthetic.h"  // make_photo_jpeg
 
 namespace conveyor {
@@ -264,6 +273,123 @@ TEST_F(GpuDecode, ABatchLargerThanMaxBatchIsRefused) {
   const std::vector<GpuJpeg> batch = batch_of(files, 0);
   GpuDecodeResult result;
   EXPECT_THROW(decode_rows(decoder, batch, 32, result), std::invalid_argument);
+}
+
+// A baseline photo whose entropy-coded data is scrambled in the middle of its scan; the header,
+// the tables and the EOI are intact, and no byte of the scan becomes a marker (0xFF).
+std::vector<uint8_t> corrupt_scan(std::vector<uint8_t> file) {
+  size_t sos = 0;
+  for (size_t i = 2; i + 3 < file.size(); ++i) {
+    if (file[i] == 0xFF && file[i + 1] == 0xDA) {
+      sos = i;
+      break;
+    }
+  }
+  EXPECT_GT(sos, 0u) << "no SOS marker";
+  const size_t scan = sos + 2 + (size_t{file[sos + 2]} << 8 | file[sos + 3]);
+  const size_t end = file.size() - 2;  // the EOI
+  std::mt19937 rng(77);
+  for (size_t i = scan + (end - scan) / 4; i < scan + (end - scan) * 3 / 4; ++i) {
+    if (file[i] == 0xFF || file[i - 1] == 0xFF) continue;  // stuffed zeros and markers stay
+    file[i] = static_cast<uint8_t>(rng() % 0xFF);          // never 0xFF
+  }
+  return file;
+}
+
+TEST_F(GpuDecode, ACorruptScanNeverBecomesARowAndTheStreamIsIdleAfterARefusedBatch) {
+  std::vector<std::vector<uint8_t>> files = photos(4, 300);
+  files[2] = corrupt_scan(files[2]);
+  const ImageTransform t = ImageTransform::train(96);
+  GpuDecodeOptions o;
+  o.transform = t;
+  GpuCropDecoder decoder(o);
+  std::printf("nvJPEG handle strict (NVJPEG_FLAGS_BITSTREAM_STRICT): %s\n",
+              decoder.status().strict ? "yes" : "no");
+  EXPECT_TRUE(decoder.status().strict) << "the hardware backend refused the strict flag";
+  ImageWriter writer(t);
+  std::vector<GpuJpeg> batch = batch_of(files, 3);
+  batch[2].name = "/data/corrupt-scan.jpg";
+  EXPECT_THROW(cpu_row(writer, batch[2]), JpegError) << "the CPU path must refuse the file too";
+  const at::Tensor rows = at::full({4, 3, t.size, t.size}, 0x5A,
+                                   at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
+  CudaStream stream(0);
+  const GpuDecodeResult result =
+      decoder.decode(batch.data(), batch.size(), rows.data_ptr<uint8_t>(), stream.native_handle());
+  const bool to_cpu =
+      std::find(result.to_cpu.begin(), result.to_cpu.end(), 2u) != result.to_cpu.end();
+  const bool failed =
+      std::any_of(result.failed.begin(), result.failed.end(),
+                  [](const GpuDecodeResult::Failure& f) { return f.position == 2; });
+  std::printf("the corrupt scan: %s; %zu of 4 to the CPU\n",
+              to_cpu   ? "to the CPU"
+              : failed ? "failed"
+                       : "DECODED",
+              result.to_cpu.size());
+  EXPECT_TRUE(to_cpu || failed) << "the hardware decoded a corrupt scan into a row";
+  const at::Tensor row = rows[2].cpu();
+  if (to_cpu || failed) {
+    EXPECT_TRUE(row.eq(0x5A).all().item<bool>()) << "its row was written";
+  }
+  if (result.to_cpu.size() == batch.size()) {
+    // nvJPEG refused the whole call (BAD_JPEG): nothing of it may still run on the stream.
+    EXPECT_EQ(cudaStreamQuery(stream.native_handle()), cudaSuccess);
+  }
+  // The next call (nvjpegDecodeBatchedInitialize, a region buffer that may grow) is healthy.
+  files[2] = photos(1, 301)[0];
+  batch = batch_of(files, 3);
+  const GpuDecodeResult next =
+      decoder.decode(batch.data(), batch.size(), rows.data_ptr<uint8_t>(), stream.native_handle());
+  EXPECT_TRUE(next.to_cpu.empty() && next.failed.empty());
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+}
+
+// An error left pending on the thread by earlier, unrelated work is not the crop kernel's: its
+// launch succeeds, the row is written, and the earlier error is still there for its owner.
+TEST_F(GpuDecode, TheCropKernelReportsItsOwnLaunchErrorNeverAnEarlierOne) {
+  const int width = 64, height = 48, side = 32;
+  const gpudecode::CropPlan plan =
+      gpudecode::plan_crop(width, height, 0, 0, width, height, false, side, 1u << 8, false);
+  std::vector<uint8_t> region(static_cast<size_t>(width) * height * 3, 200);
+  DeviceBuffer roi(region.size(), 0), row(static_cast<size_t>(side) * side * 3, 0);
+  DeviceBuffer jobs(sizeof(gpudecode::CropJob), 0);
+  const gpudecode::CropJob job{plan, static_cast<const uint8_t*>(roi.data()),
+                               static_cast<size_t>(width) * 3, static_cast<uint8_t*>(row.data())};
+  ASSERT_EQ(cudaMemcpy(roi.data(), region.data(), region.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(jobs.data(), &job, sizeof(job), cudaMemcpyHostToDevice), cudaSuccess);
+  void* p = nullptr;
+  ASSERT_NE(cudaMalloc(&p, size_t{1} << 60), cudaSuccess);  // leaves cudaErrorMemoryAllocation
+  CudaStream stream(0);
+  EXPECT_EQ(gpudecode::launch_crop_rows(static_cast<const gpudecode::CropJob*>(jobs.data()), 1,
+                                        side, stream.native_handle()),
+            cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaErrorMemoryAllocation);  // still the earlier work's
+  stream.synchronize();
+  std::vector<uint8_t> out(row.size());
+  ASSERT_EQ(cudaMemcpy(out.data(), row.data(), out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 200; }));
+}
+
+TEST_F(GpuDecode, BuffersAreAllocatedUpFrontAndGrowOnlyPastTheExpectedSize) {
+  GpuDecodeOptions o;
+  o.transform = ImageTransform::eval(64, 72);  // the central crop: most of each image
+  o.max_batch = 8;
+  o.expected_width = 512;
+  o.expected_height = 512;
+  GpuCropDecoder decoder(o);
+  const std::vector<std::vector<uint8_t>> files = photos(8, 60);  // 500 x 375 and 375 x 500
+  GpuDecodeResult result;
+  for (int round = 0; round < 3; ++round) {
+    (void)decode_rows(decoder, batch_of(files, static_cast<uint64_t>(round)), 64, result);
+    EXPECT_TRUE(result.to_cpu.empty() && result.failed.empty());
+  }
+  EXPECT_EQ(decoder.buffer_growths(), 0u) << "regions within the expected size grew the buffer";
+  std::vector<std::vector<uint8_t>> large(8, make_photo_jpeg(1600, 1200, 5, 90));
+  (void)decode_rows(decoder, batch_of(large, 0), 64, result);
+  EXPECT_TRUE(result.to_cpu.empty() && result.failed.empty());
+  EXPECT_EQ(decoder.buffer_growths(), 1u);
+  (void)decode_rows(decoder, batch_of(large, 1), 64, result);
+  EXPECT_EQ(decoder.buffer_growths(), 1u) << "the grown buffer did not stay";
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 // - The status: why GPU decode is unavailable here, and the library's entry points.
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
+
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
@@ -356,6 +358,23 @@ TEST(NvjpegLibrary, TheWheelsLibraryHasEveryEntryPoint) {
 #else
   GTEST_SKIP() << "the nvidia-nvjpeg wheel was not found when this build was configured";
 #endif
+}
+
+// libnvjpeg is loaded once per process: probes and decoders share that one load, which stays
+// loaded between them (it was loaded and unloaded again for every probe and every loader).
+TEST(NvjpegLibrary, TheDefaultLibraryIsLoadedOncePerProcessAndStaysLoaded) {
+  const GpuDecodeStatus first = gpu_decode_status();
+  if (first.library.empty()) GTEST_SKIP() << first.reason;
+  void* still = dlopen(first.library.c_str(), RTLD_NOW | RTLD_NOLOAD);
+  EXPECT_NE(still, nullptr) << first.library << " was unloaded once the probe returned";
+  if (still != nullptr) dlclose(still);
+  std::string why;
+  const auto a = gpudecode::nv::NvjpegLibrary::process_library(&why);
+  const auto b = gpudecode::nv::NvjpegLibrary::process_library(&why);
+  ASSERT_NE(a, nullptr) << why;
+  EXPECT_EQ(a.get(), b.get()) << "loaded twice";
+  EXPECT_EQ(a->path(), first.library);
+  EXPECT_EQ(gpu_decode_status().library, first.library);
 }
 
 // This machine's answer, whatever it is, says why; without a CUDA device, that it has none.

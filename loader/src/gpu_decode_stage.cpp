@@ -9,6 +9,7 @@
 #include <exception>
 #include <utility>
 
+#include "conveyor/internal/cuda_check.h"
 #include "conveyor/internal/invariant.h"
 #include "conveyor/internal/trace.h"
 
@@ -211,6 +212,9 @@ std::vector<DeviceRows> GpuDecodeStage::device_rows(uint32_t slot, const SlotMet
 void GpuDecodeStage::run(DecodeThread& t) {
   const std::string number = std::to_string(t.worker - options_.workers);
   trace::name_this_thread("Conveyor GPU decode " + number, "conveyor-gpu" + number);
+  // Its cudaMalloc, cudaFree and waits must not break a CUDA graph captured meanwhile on another
+  // thread (the training loop's).
+  const detail::ThreadLocalCaptureMode capture_mode;
   for (;;) {
     const std::optional<Job> job = jobs_.wait();  // idle: a thread's time not on a call
     if (!job) return;

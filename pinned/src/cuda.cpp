@@ -1,5 +1,6 @@
 // The CUDA unit (conveyor/cuda.h, conveyor/internal/cuda_check.h): device status and resolution,
-// CudaError and its check, the device guard, and owned events.
+// CudaError and its check, the device guard, the engine threads' capture mode, and owned events,
+// streams and device memory.
 #include <cuda_runtime_api.h>
 
 #include <cstdlib>
@@ -18,6 +19,8 @@ namespace conveyor {
 
 static_assert(std::is_same_v<cudaEvent_t, CUevent_st*>,
               "cuda.h declares CudaEvent's handle as CUevent_st*, which must be cudaEvent_t");
+static_assert(std::is_same_v<cudaStream_t, CUstream_st*>,
+              "cuda.h declares CudaStream's handle as CUstream_st*, which must be cudaStream_t");
 
 namespace detail {
 
@@ -35,13 +38,14 @@ void check_cuda(cudaError_t err, const std::string& what) {
 
 DeviceGuard::DeviceGuard(int device) : device_(device) {
   const std::string name = "cuda:" + std::to_string(device);
+  // Torch's view of the current device (its lazily recorded one, if any): what leaving restores.
   c10::DeviceIndex previous = -1;
   check_cuda(c10::cuda::GetDevice(&previous), "reading the current device before using " + name);
   previous_ = previous;
-  if (previous_ != device_) {
-    check_cuda(c10::cuda::SetDevice(static_cast<c10::DeviceIndex>(device_)),
-               "making " + name + " current");
-  }
+  // c10's ExchangeDevice: SetDevice clears torch's record and compares with the actual current
+  // device (cudaGetDevice), so a stale record never skips a needed switch.
+  check_cuda(c10::cuda::SetDevice(static_cast<c10::DeviceIndex>(device_)),
+             "making " + name + " current");
 }
 
 DeviceGuard::~DeviceGuard() {
@@ -54,6 +58,22 @@ DeviceGuard::~DeviceGuard() {
     }
   } catch (...) {  // c10 could not tell (no torch CUDA hooks): leave the device rather than
   }                // open a context on the previous one
+}
+
+ThreadLocalCaptureMode::ThreadLocalCaptureMode() noexcept {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess) {
+    previous_ = mode;
+    exchanged_ = true;
+  } else {
+    (void)cudaGetLastError();  // no driver: this thread's later CUDA calls fail on their own
+  }
+}
+
+ThreadLocalCaptureMode::~ThreadLocalCaptureMode() {
+  if (!exchanged_) return;
+  cudaStreamCaptureMode mode = previous_;
+  if (cudaThreadExchangeStreamCaptureMode(&mode) != cudaSuccess) (void)cudaGetLastError();
 }
 
 }  // namespace detail
@@ -157,6 +177,89 @@ CudaEvent& CudaEvent::operator=(CudaEvent&& other) noexcept {
   if (this != &other) {
     reset();
     event_ = std::exchange(other.event_, nullptr);
+    device_ = std::exchange(other.device_, -1);
+  }
+  return *this;
+}
+
+CudaStream::CudaStream(int cuda_device) {
+  const std::string name = "cuda:" + std::to_string(cuda_device);
+  detail::DeviceGuard guard(cuda_device);
+  cudaStream_t stream = nullptr;
+  detail::check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                     "creating a stream on " + name);
+  stream_ = stream;
+  device_ = cuda_device;
+}
+
+CudaStream::~CudaStream() { reset(); }
+
+void CudaStream::synchronize() const {
+  if (stream_ == nullptr) return;
+  detail::check_cuda(cudaStreamSynchronize(stream_),
+                     "waiting for a stream on cuda:" + std::to_string(device_));
+}
+
+void CudaStream::reset() noexcept {
+  if (stream_ != nullptr) {
+    try {
+      detail::DeviceGuard guard(device_);
+      if (cudaStreamDestroy(stream_) != cudaSuccess) (void)cudaGetLastError();
+    } catch (...) {  // the device is gone (a sticky error): nothing runs on it any more
+    }
+  }
+  stream_ = nullptr;
+  device_ = -1;
+}
+
+CudaStream::CudaStream(CudaStream&& other) noexcept
+    : stream_(std::exchange(other.stream_, nullptr)), device_(std::exchange(other.device_, -1)) {}
+
+CudaStream& CudaStream::operator=(CudaStream&& other) noexcept {
+  if (this != &other) {
+    reset();
+    stream_ = std::exchange(other.stream_, nullptr);
+    device_ = std::exchange(other.device_, -1);
+  }
+  return *this;
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes, int cuda_device) {
+  const size_t size = bytes == 0 ? 1 : bytes;
+  detail::DeviceGuard guard(cuda_device);
+  void* data = nullptr;
+  detail::check_cuda(cudaMalloc(&data, size), "cudaMalloc of " + std::to_string(size) +
+                                                  " bytes on cuda:" + std::to_string(cuda_device));
+  data_ = data;
+  size_ = size;
+  device_ = cuda_device;
+}
+
+DeviceBuffer::~DeviceBuffer() { reset(); }
+
+void DeviceBuffer::reset() noexcept {
+  if (data_ != nullptr) {
+    try {
+      detail::DeviceGuard guard(device_);
+      if (cudaFree(data_) != cudaSuccess) (void)cudaGetLastError();
+    } catch (...) {  // the device is gone (a sticky error): the memory goes with its context
+    }
+  }
+  data_ = nullptr;
+  size_ = 0;
+  device_ = -1;
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      device_(std::exchange(other.device_, -1)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    reset();
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
     device_ = std::exchange(other.device_, -1);
   }
   return *this;

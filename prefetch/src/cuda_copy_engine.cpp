@@ -342,8 +342,7 @@ class EventThreadCopyEngine final : public CudaCopyEngine {
     }
     // This thread's event waits must not invalidate a CUDA graph the user captures meanwhile on
     // another thread (the default, global mode, forbids that); it never captures itself.
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeThreadLocal;
-    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    const detail::ThreadLocalCaptureMode capture_mode;
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       wake_.wait(lock, [&] { return stopping_ || !pending_.empty(); });

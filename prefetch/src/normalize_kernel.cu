@@ -1,6 +1,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "conveyor/internal/kernel_launch.h"
 #include "normalize_kernel.h"
 
 namespace conveyor::detail {
@@ -59,8 +60,7 @@ __global__ void normalize_kernel(const uint8_t* __restrict__ in, T* __restrict__
   }
 }
 
-// Launched through cudaLaunchKernel, whose result is this launch's error alone (the <<<>>> form
-// leaves only cudaPeekAtLastError, which also reports any earlier, unrelated error).
+// Launched by the CUDA unit's rule (kernel_launch.h): the result is this launch's error alone.
 template <typename T>
 cudaError_t launch(const uint8_t* in, void* out, int64_t ppi, int64_t total, bool hwc, bool cl,
                    Affine a, cudaStream_t stream) {
@@ -68,10 +68,8 @@ cudaError_t launch(const uint8_t* in, void* out, int64_t ppi, int64_t total, boo
   int64_t blocks = (total + threads - 1) / threads;
   if (blocks > 65535 * 8) blocks = 65535 * 8;
   if (blocks < 1) blocks = 1;
-  T* typed_out = static_cast<T*>(out);
-  void* args[] = {&in, &typed_out, &ppi, &total, &hwc, &cl, &a};
-  return cudaLaunchKernel(reinterpret_cast<const void*>(&normalize_kernel<T>),
-                          dim3(static_cast<unsigned>(blocks)), dim3(threads), args, 0, stream);
+  return launch_kernel(&normalize_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(threads),
+                       stream, in, static_cast<T*>(out), ppi, total, hwc, cl, a);
 }
 
 }  // namespace

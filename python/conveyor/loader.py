@@ -31,14 +31,16 @@ class Batch(tuple):
     indices: List[int]
     epoch: int
     sequence: int
+    _fence: Any = None  # _C.BatchFence of a device batch: the end of its copy
 
     @classmethod
-    def _make(cls, fields, names, indices, epoch, sequence) -> "Batch":
+    def _make(cls, fields, names, indices, epoch, sequence, fence=None) -> "Batch":
         batch = tuple.__new__(cls, fields)
         batch.names = tuple(names)
         batch.indices = indices
         batch.epoch = epoch
         batch.sequence = sequence
+        batch._fence = fence  # the end of the batch's own copy to the device; None on the CPU
         return batch
 
     def field(self, name: str) -> torch.Tensor:
@@ -59,11 +61,13 @@ class Batch(tuple):
     def record_stream(self, stream: "torch.cuda.Stream") -> None:
         """Use the batch on another CUDA stream: ``stream`` waits for the copy that produced it
         (the current stream already does), and the caching allocator keeps the tensors' memory
-        until the work queued on ``stream`` so far is done. A no-op for CPU batches."""
-        for t in self:
-            if t.is_cuda:
-                stream.wait_stream(torch.cuda.current_stream(t.device))
-                t.record_stream(stream)
+        until the work queued on ``stream`` so far is done. A no-op for CPU batches.
+
+        ``stream`` waits for the batch's own copy (its fence, as in the C++ Batch::record_stream),
+        never for whatever the current stream holds, so ``batch.record_stream(s)`` inside
+        ``with torch.cuda.stream(s):`` is right too."""
+        if self._fence is not None:
+            self._fence.use_on(stream, list(self))
 
     def __repr__(self) -> str:
         shapes = ", ".join(f"{n}={tuple(t.shape)} {t.dtype} {t.device}"

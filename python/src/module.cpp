@@ -185,6 +185,12 @@ std::unique_ptr<Sampler> make_sampler(const std::string& kind, uint64_t seed, si
   throw std::invalid_argument("conveyor: unknown sampler kind '" + kind + "'");
 }
 
+// The end of a device batch's copy (Batch::copy_fence), for Python's Batch.record_stream: the
+// one C++ path (CopyFence::use_on) that makes a stream wait for the batch's own copy.
+struct BatchFence {
+  std::shared_ptr<const CopyFence> fence;  // never null
+};
+
 class Loader {
  public:
   Loader(Source& source, LoaderOptions options, const std::string& sampler, uint64_t sampler_seed,
@@ -222,7 +228,8 @@ class Loader {
     loader.start_epoch();
   }
 
-  // (fields, names, indices, epoch, sequence), or None at the end of the epoch.
+  // (fields, names, indices, epoch, sequence, fence), or None at the end of the epoch. fence: the
+  // end of the batch's copy to the device (a BatchFence), None for a CPU batch.
   py::object next() {
     std::optional<Batch> batch = wait_for_batch(get());
     if (!batch) return py::none();
@@ -230,8 +237,10 @@ class Loader {
     for (size_t i = 0; i < batch->fields.size(); ++i) {
       fields[i] = py::cast(std::move(batch->fields[i]));  // the same TensorImpl: no copy
     }
+    py::object fence = py::none();
+    if (batch->copy_fence) fence = py::cast(BatchFence{std::move(batch->copy_fence)});
     return py::make_tuple(fields, py::cast(batch->names), py::cast(batch->indices), batch->epoch,
-                          batch->sequence);
+                          batch->sequence, fence);
   }
 
   void close() {
@@ -498,6 +507,15 @@ PYBIND11_MODULE(_C, m) {
         py::arg("drop_last"), py::arg("enforce_ordering"), py::arg("timeout"), py::arg("seed"),
         py::arg("on_error"), py::arg("max_substitutes"), py::arg("device"), py::arg("pin_memory"),
         py::arg("prefetch_factor"), py::arg("slots"), py::arg("chunk_size"), py::arg("gpu_decode"));
+
+  py::class_<BatchFence>(m, "BatchFence")
+      .def(
+          "use_on",
+          [](const BatchFence& f, c10::Stream stream, const std::vector<at::Tensor>& tensors) {
+            f.fence->use_on(stream, tensors);
+          },
+          py::arg("stream"), py::arg("tensors"))
+      .def("done", [](const BatchFence& f) { return f.fence->done(); });
 
   py::class_<Loader>(m, "Loader")
       .def(py::init<Source&, conveyor::LoaderOptions, const std::string&, uint64_t, size_t, size_t,

@@ -4,6 +4,8 @@ GPU is usable."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -74,3 +76,43 @@ def test_gpu_decode_on_the_hardware_engines_matches_the_cpu_path(photos):
     split = loader.stats()["gpu_decode"]
     assert split["active"] and "nvJPEG hardware backend on cuda" in split["status"]
     assert split["gpu_images"] + split["cpu_images"] == 27 and split["gpu_images"] > 0
+
+
+def test_record_stream_waits_for_the_copy_not_for_the_current_stream(photos):
+    """A side stream that record_stream ordered waits for the batch's copy only: with the current
+    stream busy for about a second, work queued on the side stream finishes at once (waiting on
+    the current stream, as the old method did, would hold it for that second). Inside
+    ``with torch.cuda.stream(side):`` it still goes through the batch's own fence."""
+    _, cuda = loaders(photos, prefetch_factor=1)
+    side = torch.cuda.Stream()
+    batch = next(iter(cuda))
+    torch.cuda.synchronize()  # the batch's copy has finished
+    torch.cuda._sleep(2_000_000_000)  # about a second of the current stream's time
+    batch.record_stream(side)
+    with torch.cuda.stream(side):
+        done = torch.cuda.Event()
+        done.record(side)
+    deadline = time.monotonic() + 0.5
+    while not done.query() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    finished_early = done.query()
+    torch.cuda.synchronize()
+    assert finished_early, "the side stream waited for the current stream's work"
+
+    used = []
+
+    class Spy:
+        def __init__(self, fence):
+            self.fence = fence
+
+        def use_on(self, stream, tensors):
+            used.append(stream)
+            self.fence.use_on(stream, tensors)
+
+    batch._fence = Spy(batch._fence)
+    with torch.cuda.stream(side):
+        batch.record_stream(side)
+        total = batch.images.sum(dtype=torch.int64)
+    assert used == [side]
+    torch.cuda.synchronize()
+    assert total.item() == batch.images.sum(dtype=torch.int64).item()

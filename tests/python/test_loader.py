@@ -277,3 +277,30 @@ def test_help_documents_the_loader():
     text = conveyor.DataLoader.__doc__
     for word in ("num_workers", "state_dict", "on_error", "device", "prefetch_factor"):
         assert word in text
+
+
+def test_record_stream_makes_the_stream_wait_for_the_batchs_own_copy(monkeypatch):
+    """Batch.record_stream goes through the batch's copy fence (the C++ CopyFence::use_on), with
+    the stream and every field, and never reads the current stream: inside
+    ``with torch.cuda.stream(s):`` the current stream is ``s`` itself, so waiting on it would wait
+    on nothing. A CPU batch (no fence) is left alone."""
+    calls = []
+
+    class Fence:
+        def use_on(self, stream, tensors):
+            calls.append((stream, tensors))
+
+    def current_stream(*args, **kwargs):
+        raise AssertionError("record_stream read torch.cuda.current_stream()")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    images, labels = torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2)
+    stream = object()  # any stream: the fence is what orders it
+    batch = conveyor.Batch._make((images, labels), ("image", "label"), [0, 1], 0, 0, Fence())
+    batch.record_stream(stream)
+    assert len(calls) == 1
+    assert calls[0][0] is stream
+    assert len(calls[0][1]) == 2 and all(a is b for a, b in zip(calls[0][1], batch))
+    cpu = conveyor.Batch._make((images, labels), ("image", "label"), [0, 1], 0, 0, None)
+    cpu.record_stream(stream)
+    assert len(calls) == 1

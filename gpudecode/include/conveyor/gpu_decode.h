@@ -60,6 +60,12 @@ struct GpuDecodeStatus {
   int device = -1;       // the device asked about (-1: none usable)
   unsigned engines = 0;  // hardware JPEG engines (nvjpegGetHardwareDecoderInfo)
   unsigned cores_per_engine = 0;
+  // Whether the handle refuses bitstreams that break the JPEG standard
+  // (NVJPEG_FLAGS_BITSTREAM_STRICT), so that a file with corrupt entropy-coded data goes to the
+  // CPU path and its on_error policy instead of becoming a garbage row. Always asked for; false
+  // only where this nvJPEG refuses the flag with the hardware backend (then files are decoded
+  // as leniently as nvJPEG does).
+  bool strict = false;
 };
 GpuDecodeStatus gpu_decode_status(const GpuDecodeSetup& setup = {});
 
@@ -106,6 +112,16 @@ struct GpuDecodeOptions {
   ImageTransform transform;  // as the CPU path's; exif_orientation sends every file to the CPU
   GpuDecodeSetup setup;
   size_t max_batch = 256;  // images per decode() call
+  // The largest region (width x height pixels) expected to be decoded for one image. nvJPEG's
+  // buffers (nvjpegDecodeBatchedPreAllocate) and the decoder's own region buffer are allocated
+  // for max_batch images of this size when the decoder is made, so that decoding does not
+  // cudaFree and cudaMalloc (each a wait for the whole device) in the middle of training. A
+  // larger region grows the buffers then (the region buffer at least doubles: see
+  // GpuCropDecoder::buffer_growths()). 0 x 0: no pre-allocation. The default, 512 x 512 (most
+  // ImageNet photos, 500 x 375), costs about 200 MB of device memory for each 256 images of
+  // max_batch in the region buffer, and as much again in nvJPEG's.
+  int expected_width = 512;
+  int expected_height = 512;
 };
 
 // Decodes batches of JPEG files on the hardware engines into size x size x 3 uint8 rows (CHW or
@@ -138,6 +154,9 @@ class GpuCropDecoder {
                          CUstream_st* stream);
 
   const GpuDecodeStatus& status() const;
+  // How many times the region buffer had to grow past what was allocated when the decoder was
+  // made (each growth a cudaFree and a cudaMalloc, which wait for the whole device).
+  size_t buffer_growths() const;
 
  private:
   struct State;

@@ -1,5 +1,6 @@
 // conveyor/cuda.h: the CUDA devices Conveyor uses: whether one is usable (and if not, why),
-// which device a request means, CUDA's errors as exceptions, and owned CUDA events.
+// which device a request means, CUDA's errors as exceptions, and owned CUDA events, streams and
+// device memory.
 //
 // What it is for: one place for every rule of the CUDA path that a user can see. The loader,
 // the slot ring and the copy stage all go through it, so a device is resolved, an error is
@@ -24,24 +25,33 @@
 // holds no event. Timing is always disabled (events here only order work); EventSync::kBlocking
 // makes a host thread waiting on it sleep instead of spinning.
 //
+// CudaStream: one CUDA stream on a given device, owned like a CudaEvent. It is non-blocking
+// (cudaStreamNonBlocking): its work never waits for the legacy default stream.
+//
+// DeviceBuffer: one block of device memory (cudaMalloc) on a given device, owned like a
+// CudaEvent; its contents are not initialized. The pinned host counterpart is HostBuffer
+// (conveyor/pinned.h).
+//
 // Requires: a CUDA-capable build of LibTorch (the same CUDA runtime as torch's).
 // Guarantees: no function here makes a device current for longer than its own call, and none
 // creates a CUDA context on a device other than the one it was asked to use: the previous device
 // is restored by c10's rule (only where its context is already active), so a process that uses
 // cuda:1 never opens a context on GPU 0. This header compiles as C++17 and includes no CUDA
 // header.
-// Thread safety: every free function may be called from any thread. A CudaEvent is not
-// synchronized: one owner at a time, as for any value.
+// Thread safety: every free function may be called from any thread. A CudaEvent, CudaStream or
+// DeviceBuffer is not synchronized: one owner at a time, as for any value.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 
 #include <c10/core/Device.h>
 
-// The CUDA runtime's event type is `CUevent_st*` (cudaEvent_t); declared here so that this header
-// needs no CUDA header.
+// The CUDA runtime's event and stream types are `CUevent_st*` (cudaEvent_t) and `CUstream_st*`
+// (cudaStream_t); declared here so that this header needs no CUDA header.
 struct CUevent_st;
+struct CUstream_st;
 
 namespace conveyor {
 
@@ -109,6 +119,67 @@ class CudaEvent {
  private:
   void reset() noexcept;
   CUevent_st* event_ = nullptr;
+  int device_ = -1;
+};
+
+// An owned, non-blocking CUDA stream on one device.
+class CudaStream {
+ public:
+  // Holds no stream; native_handle() is nullptr.
+  CudaStream() noexcept = default;
+  // Creates a stream on `cuda_device` (made current for the call, then restored). Throws CudaError
+  // naming the device when the stream cannot be created.
+  explicit CudaStream(int cuda_device);
+  // Destroys the stream on its device. Work queued on it still completes (CUDA releases the
+  // stream once it has); callers whose memory that work uses wait for it first (synchronize()).
+  ~CudaStream();
+  CudaStream(CudaStream&& other) noexcept;
+  CudaStream& operator=(CudaStream&& other) noexcept;
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  // Waits on the host until the work queued so far has finished. Throws CudaError (naming the
+  // device) when that work failed; a no-op when this holds no stream.
+  void synchronize() const;
+
+  // The cudaStream_t, or nullptr when this holds no stream. Still owned by this object.
+  CUstream_st* native_handle() const noexcept { return stream_; }
+  explicit operator bool() const noexcept { return stream_ != nullptr; }
+  // The device the stream belongs to; -1 when this holds no stream.
+  int device() const noexcept { return device_; }
+
+ private:
+  void reset() noexcept;
+  CUstream_st* stream_ = nullptr;
+  int device_ = -1;
+};
+
+// Owned device memory on one device (cudaMalloc), uninitialized.
+class DeviceBuffer {
+ public:
+  // Holds no memory; data() is nullptr and size() 0.
+  DeviceBuffer() noexcept = default;
+  // Allocates `bytes` (at least 1) on `cuda_device`. Throws CudaError naming the size and the
+  // device when the allocation fails (the error is cleared: no later CUDA call reports it).
+  DeviceBuffer(size_t bytes, int cuda_device);
+  // Frees the memory on its device. cudaFree waits for the device's work, so callers free only
+  // where a device-wide wait is acceptable (never mid-epoch on a hot path).
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const noexcept { return data_; }
+  size_t size() const noexcept { return size_; }
+  explicit operator bool() const noexcept { return data_ != nullptr; }
+  // The device the memory belongs to; -1 when this holds none.
+  int device() const noexcept { return device_; }
+
+ private:
+  void reset() noexcept;
+  void* data_ = nullptr;
+  size_t size_ = 0;
   int device_ = -1;
 };
 
