@@ -4,8 +4,11 @@
 // behaviour does not need a GPU; tests/loader_gpu_test.cpp has the rest.
 #include <gtest/gtest.h>
 
+#include <future>
 #include <memory>
+#include <mutex>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -104,6 +107,74 @@ TEST(CopyStage, ALostHandBackNobodyReportsEndsInTheTimeout) {
     }
   });
   EXPECT_NE(error.find("1500 ms"), std::string::npos) << error;
+}
+
+// The consumer waits for a batch's own copy before the batch is handed out (DeviceStager::deliver
+// makes the consumer's stream wait on the batch's fence). Here each copy finishes only when the
+// test releases it, and the fence's wait blocks until then: next() must be found waiting in it,
+// and must not return before the release. A loader that handed batches out without that wait
+// would return at once, and its batches could be read before their copies were done.
+TEST(CopyStage, ABatchIsHandedOutOnlyOnceTheConsumerWaitedForItsCopy) {
+  auto gate = std::make_shared<testing::GatedCopyEngine::Gate>();
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.workers = 2;
+  o.prefetch_factor = 2;
+  DataLoader loader(std::make_shared<IndexSource>(16), o, nullptr,
+                    std::make_unique<testing::GatedCopyEngine>(gate));
+  const auto waiting = [&] {
+    std::lock_guard<std::mutex> lock(gate->mutex);
+    return gate->waiting;
+  };
+  for (size_t n = 0; n < 4; ++n) {
+    std::future<std::optional<Batch>> next =
+        std::async(std::launch::async, [&] { return loader.next(); });
+    // Bounded: at most 10 s for the consumer to reach the wait (it does at once when it waits).
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (waiting() == 0 && next.wait_for(1ms) != std::future_status::ready &&
+           std::chrono::steady_clock::now() < deadline) {
+    }
+    const bool returned_early = next.wait_for(0s) == std::future_status::ready;
+    const size_t waits = waiting();
+    gate->release(n + 1);  // whatever happened, the consumer may go on now
+    std::optional<Batch> b = next.get();
+    EXPECT_FALSE(returned_early) << "batch " << n << " was handed out before its copy was done";
+    EXPECT_EQ(waits, 1u) << "batch " << n << ": the consumer did not wait for its copy";
+    ASSERT_TRUE(b);
+    EXPECT_TRUE(b->copy_fence->done());
+    std::vector<int64_t> expected(4);
+    std::iota(expected.begin(), expected.end(), static_cast<int64_t>(4 * n));
+    EXPECT_EQ(values(*b), expected);
+  }
+  EXPECT_FALSE(loader.next());
+}
+
+// host_rows(), the rule every copy engine follows: the rows of each field that no device rows
+// replace, as maximal runs, in field then row order, whatever the order and adjacency of the
+// device rows; none for a field whose rows all came from the device.
+TEST(CopyStage, HostRowsAreTheRowsNoDeviceRowsReplace) {
+  const std::vector<at::Tensor> host = {at::zeros({10, 2, 3}, at::kByte),
+                                        at::zeros({10}, at::kLong)};
+  const auto device = [](size_t field, int64_t first, int64_t rows) {
+    return DeviceRows{field, first,
+                      field == 0 ? at::ones({rows, 2, 3}, at::kByte) : at::ones({rows}, at::kLong)};
+  };
+  const auto runs = [&](const std::vector<DeviceRows>& on_device) {
+    check_device_rows(host, on_device, c10::Device(c10::DeviceType::CPU));
+    std::vector<std::vector<int64_t>> out;
+    for (const HostRows& r : host_rows(host, on_device)) {
+      out.push_back({static_cast<int64_t>(r.field), r.first_row, r.rows});
+    }
+    return out;
+  };
+  using Runs = std::vector<std::vector<int64_t>>;
+  EXPECT_EQ(runs({}), (Runs{{0, 0, 10}, {1, 0, 10}}));
+  EXPECT_EQ(runs({device(0, 0, 10)}), (Runs{{1, 0, 10}}));
+  EXPECT_EQ(runs({device(0, 6, 2), device(0, 1, 2), device(0, 3, 1)}),
+            (Runs{{0, 0, 1}, {0, 4, 2}, {0, 8, 2}, {1, 0, 10}}));
+  EXPECT_EQ(runs({device(0, 0, 3), device(0, 2, 4), device(1, 9, 1)}),
+            (Runs{{0, 6, 4}, {1, 0, 9}}));
+  EXPECT_EQ(runs({device(0, 0, 5), device(0, 5, 5), device(1, 0, 10)}), Runs{});
 }
 
 // mode() says which path the loader was built for; join() does not turn a GPU loader into a CPU

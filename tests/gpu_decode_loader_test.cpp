@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -215,6 +216,199 @@ TEST(GpuDecodeLoader, EveryModeDeliversTheCpuPathsBatches) {
   }
 }
 
+// A source of three fields, the image in the middle: a label, the image, and a weight, each
+// written from an ImageSource's sample. It offers the image field to a device decoder through the
+// capability (or, with `offer` false, does not).
+class ThreeFieldSource : public SampleSource {
+ public:
+  ThreeFieldSource(std::shared_ptr<ImageSource> images, bool offer)
+      : images_(std::move(images)), offer_(offer) {}
+  size_t size() const override { return images_->size(); }
+  std::vector<FieldSpec> fields() const override {
+    FieldSpec pixels = images_->fields()[0];
+    pixels.name = "pixels";
+    return {{"label", c10::ScalarType::Long, {}}, pixels, {"weight", c10::ScalarType::Float, {}}};
+  }
+  void prepare(size_t workers) override { images_->prepare(workers); }
+  void write_sample(const SampleContext& ctx, std::byte* const* fields) override {
+    std::byte* image_fields[2] = {fields[1], fields[0]};  // the ImageSource's: image, label
+    images_->write_sample(ctx, image_fields);
+    write_weight(ctx, fields);
+  }
+  std::string describe(size_t index) const override { return images_->describe(index); }
+  std::optional<EncodedImageField> encoded_image_field() const override {
+    if (!offer_) return std::nullopt;
+    return EncodedImageField{1, images_->transform()};
+  }
+  Encoded read_encoded(const SampleContext& ctx, std::vector<uint8_t>& buffer,
+                       std::byte* const* fields) override {
+    std::byte* image_fields[2] = {nullptr, fields[0]};  // the image is the caller's to write
+    const Encoded encoded = images_->read_encoded(ctx, buffer, image_fields);
+    write_weight(ctx, fields);
+    return encoded;
+  }
+
+ private:
+  static void write_weight(const SampleContext& ctx, std::byte* const* fields) {
+    const float weight = 0.25f * static_cast<float>(ctx.index);
+    std::memcpy(fields[2], &weight, sizeof weight);
+  }
+  std::shared_ptr<ImageSource> images_;
+  bool offer_;
+};
+
+// GPU decode finds the field it may write through the source's capability, wherever it is among
+// the fields: a source of three fields, the image second, gets the CPU path's batches, field for
+// field, with the images decoded on the device; mode() names the field.
+TEST(GpuDecodeLoader, AnyFieldTheSourceOffersIsDecodedOnTheDevice) {
+  const Corpus c = make_corpus(40, 6);
+  LoaderOptions cpu = options(8, 2, 0, GpuDecode::off());
+  DataLoader reference(std::make_shared<ThreeFieldSource>(source_of(c), true), cpu,
+                       RandomSampler::make(5));
+  const std::vector<Batch> want = run(reference, 2);
+  for (GpuDecode mode :
+       {GpuDecode::hardware_only(), GpuDecode::fixed_share(0.5), GpuDecode::automatic()}) {
+    SCOPED_TRACE("mode " + std::to_string(static_cast<int>(mode.mode)));
+    auto decoders = std::make_shared<SimulatedDeviceDecoders>();
+    DataLoader loader(std::make_shared<ThreeFieldSource>(source_of(c), true),
+                      options(8, 2, 3, simulated(mode, decoders)), RandomSampler::make(5),
+                      std::make_unique<LateCopyEngine>(1ms));
+    EXPECT_NE(loader.mode().find("GPU decode: simulated device decoder on cpu"), std::string::npos)
+        << loader.mode();
+    EXPECT_NE(loader.mode().find("field \"pixels\""), std::string::npos) << loader.mode();
+    expect_same_batches(run(loader, 2), want, "three fields");
+    const LoaderStats s = loader.stats();
+    EXPECT_TRUE(s.gpu_decode.active);
+    EXPECT_GT(s.gpu_decode.gpu_images, 0u);
+    EXPECT_EQ(s.gpu_decode.gpu_images, decoders->record()->decoded.size());
+    EXPECT_EQ(s.gpu_decode.gpu_images + s.gpu_decode.cpu_images, s.samples);
+  }
+}
+
+// A source that does not offer a field, or offers one that is not an image row of its transform
+// (or not one of its fields at all), is decoded on the CPU, and the status says why: never a
+// process stopped by a check.
+class MisfitSource : public ThreeFieldSource {
+ public:
+  MisfitSource(std::shared_ptr<ImageSource> images, size_t field)
+      : ThreeFieldSource(images, true), transform_(images->transform()), field_(field) {}
+  std::optional<EncodedImageField> encoded_image_field() const override {
+    return EncodedImageField{field_, transform_};
+  }
+
+ private:
+  ImageTransform transform_;
+  size_t field_;
+};
+
+TEST(GpuDecodeLoader, ASourceWithoutAFittingFieldIsDecodedOnTheCpuAndSaysWhy) {
+  const Corpus c = make_corpus(24, 7);
+  LoaderOptions cpu = options(8, 2, 0, GpuDecode::off());
+  DataLoader reference(std::make_shared<ThreeFieldSource>(source_of(c), false), cpu,
+                       RandomSampler::make(5));
+  const std::vector<Batch> want = run(reference, 1);
+  struct Case {
+    std::shared_ptr<SampleSource> source;
+    std::string why;
+  };
+  const std::vector<Case> cases = {
+      {std::make_shared<ThreeFieldSource>(source_of(c), false),
+       "the source has no field a device decoder may write (SampleSource::encoded_image_field)"},
+      {std::make_shared<MisfitSource>(source_of(c), 2),
+       "the source's encoded image field \"weight\" is not a uint8 image"},
+      {std::make_shared<MisfitSource>(source_of(c), 3),
+       "the source's encoded image field is number 3, and the source has 3 fields"},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.why);
+    auto decoders = std::make_shared<SimulatedDeviceDecoders>();
+    DataLoader loader(k.source, options(8, 2, 3, simulated(GpuDecode::hardware_only(), decoders)),
+                      RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
+    expect_same_batches(run(loader, 1), want, k.why);
+    const GpuDecodeStats s = loader.stats().gpu_decode;
+    EXPECT_FALSE(s.active);
+    EXPECT_EQ(s.status.rfind("GPU decode unused: ", 0), 0u) << s.status;
+    EXPECT_NE(s.status.find(k.why), std::string::npos) << s.status;
+    EXPECT_NE(loader.mode().find(k.why), std::string::npos) << loader.mode();
+    EXPECT_EQ(decoders->record()->calls, 0u);
+  }
+}
+
+// Rows decoded on the device do not cross PCIe: the copy takes from the host only the rows the CPU
+// wrote (the copy engines' accounting, host_rows()). hw-only on files the hardware takes: no host
+// byte of the image field; a mixed split: exactly the CPU's rows; the other fields whole.
+TEST(GpuDecodeLoader, OnlyTheRowsTheCpuWroteAreCopiedFromTheHost) {
+  struct Case {
+    GpuDecode mode;
+    bool mixed_files;
+    bool late;
+  };
+  for (const Case& k :
+       {Case{GpuDecode::hardware_only(), false, false},
+        Case{GpuDecode::hardware_only(), false, true},
+        Case{GpuDecode::fixed_share(0.5), true, false}, Case{GpuDecode::automatic(), true, true}}) {
+    SCOPED_TRACE("mode " + std::to_string(static_cast<int>(k.mode.mode)) +
+                 (k.mixed_files ? ", mixed files" : "") + (k.late ? ", late copies" : ""));
+    const Corpus c = make_corpus(45, 9, k.mixed_files);
+    auto accounting = std::make_shared<testing::CopyAccounting>();
+    std::unique_ptr<CopyEngine> engine;
+    if (k.late) {
+      engine = std::make_unique<LateCopyEngine>(1ms, accounting);
+    } else {
+      engine = std::make_unique<InstantCopyEngine>(accounting);
+    }
+    DataLoader loader(
+        source_of(c),
+        options(8, 2, 4, simulated(k.mode, std::make_shared<SimulatedDeviceDecoders>())),
+        RandomSampler::make(5), std::move(engine));
+    expect_same_batches(run(loader, 1), cpu_reference(c, 8, 1), "host rows");
+    const LoaderStats s = loader.stats();
+    const uint64_t row = 3 * 32 * 32;
+    EXPECT_EQ(accounting->host(0), s.gpu_decode.cpu_images * row);
+    EXPECT_EQ(accounting->device(0), s.gpu_decode.gpu_images * row);
+    EXPECT_EQ(accounting->host(1), 45u * sizeof(int64_t));  // the labels, whole
+    EXPECT_EQ(accounting->device(1), 0u);
+    if (!k.mixed_files && k.mode.share == 1.0) {  // hw-only on files the hardware takes
+      EXPECT_EQ(accounting->host(0), 0u) << "the image field crossed PCIe";
+      EXPECT_EQ(s.gpu_decode.gpu_images, 45u);
+    } else {
+      EXPECT_GT(accounting->host(0), 0u);
+      EXPECT_GT(accounting->device(0), 0u);
+    }
+  }
+}
+
+// The GPU path's steps on the CPU (the simulated decoder's kGpuMath: the region nvJPEG decodes
+// around each crop, the ROI's place in it, the crop kernel's math), through the loader: at 8/8
+// they are the CPU path's bytes exactly, for random crops and flips of photos and for center
+// crops of one-pixel grids off the MCU grid, so a region read one pixel off fails here.
+TEST(GpuDecodeLoader, TheGpuPathsCropIsTheCpuPathsToTheByteAtFullScale) {
+  Corpus c;
+  for (size_t i = 0; i < 40; ++i) {
+    c.files.push_back(
+        i % 2 ? make_grid_jpeg(83 + static_cast<int>(i % 5) * 6, 61 + static_cast<int>(i % 3) * 4)
+              : make_photo_jpeg(90 + static_cast<int>(i % 4) * 10, 70, 200 + i, 90));
+    c.labels.push_back(static_cast<int64_t>(i));
+  }
+  for (ImageTransform t : {ImageTransform::train(32), ImageTransform::eval(32, 61)}) {
+    t.dct_scales = kFullDctScale;
+    for (ImageLayout layout : {ImageLayout::kCHW, ImageLayout::kHWC}) {
+      t.layout = layout;
+      SCOPED_TRACE(
+          std::string(t.mode == ImageTransform::Mode::kRandomResizedCrop ? "train" : "eval") +
+          (layout == ImageLayout::kHWC ? ", HWC" : ", CHW"));
+      const auto source = [&] { return ImageSource::in_memory(c.files, c.labels, t); };
+      DataLoader reference(source(), options(8, 2, 0, GpuDecode::off()), RandomSampler::make(5));
+      auto decoders = std::make_shared<SimulatedDeviceDecoders>(
+          0us, std::set<size_t>{}, false, SimulatedDeviceDecoders::Pixels::kGpuMath);
+      DataLoader loader(source(), options(8, 2, 4, simulated(GpuDecode::hardware_only(), decoders)),
+                        RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
+      expect_same_batches(run(loader, 2), run(reference, 2), "the GPU path's math");
+      EXPECT_EQ(loader.stats().gpu_decode.gpu_images, 80u);
+    }
+  }
+}
+
 // A decode thread takes every chunk queued for the device into one call, up to max_batch images
 // (and less than a chunk more): the engines get batches, not chunks.
 TEST(GpuDecodeLoader, ADecodeCallTakesTheQueuedChunksUpToMaxBatch) {
@@ -343,36 +537,130 @@ TEST(GpuDecodeLoader, BadFilesSentToTheDeviceFollowTheErrorPolicy) {
   }
 }
 
-// A failure of the device decode itself (a CUDA error) fails the batch it was decoding, with the
-// error's name, and the loader goes on with the next batch.
-TEST(GpuDecodeLoader, ADeviceFailureFailsItsBatchWithTheErrorsName) {
-  const Corpus c = make_corpus(48, 30, /*mixed=*/false);
-  auto decoders = std::make_shared<SimulatedDeviceDecoders>(0us, std::set<size_t>{1});
+// A failure of the device decode call itself (a CUDA or nvJPEG error, not sticky) is not a file's:
+// every image of the call is decoded on the CPU instead, so every batch arrives with the CPU path's
+// pixels and nothing is skipped for it; a really corrupt file among them still meets on_error,
+// once.
+TEST(GpuDecodeLoader, AFailedDecodeCallIsDecodedOnTheCpuAndOnlyABadFileMeetsThePolicy) {
+  Corpus c = make_corpus(48, 30, /*mixed=*/false);
+  std::vector<uint8_t>& broken = c.files[10];  // in batch 1, decoded by the failing call 1
+  for (size_t i = 2; i < 300 && i < broken.size(); ++i) broken[i] = static_cast<uint8_t>(i * 37);
   // One GPU job per batch (chunk = batch), one decode thread, one job per call (max_batch = a
   // chunk), in order: decode call 1 is batch 1's.
-  LoaderOptions o =
-      options(8, 1, 8, simulated(with_threads(GpuDecode::hardware_only(), 1, 8), decoders));
-  DataLoader loader(source_of(c), o, SequentialSampler::make(),
-                    std::make_unique<InstantCopyEngine>());
-  const std::vector<Batch> want = cpu_reference(c, 8, 1, ErrorPolicy::kRaise, true);
-  size_t good = 0, failures = 0;
-  for (size_t i = 0;; ++i) {
-    try {
-      std::optional<Batch> b = loader.next();
-      if (!b) break;
-      EXPECT_TRUE(b->images().equal(want[b->sequence].images())) << "batch " << b->sequence;
-      ++good;
-    } catch (const SampleError& e) {
-      ++failures;
-      EXPECT_EQ(i, 1u);
-      EXPECT_NE(std::string(e.what()).find("cudaErrorIllegalAddress"), std::string::npos)
-          << e.what();
-      EXPECT_EQ(e.index(), 8u) << e.what();
+  const auto gpu = [](std::shared_ptr<SimulatedDeviceDecoders> decoders) {
+    return options(8, 1, 8, simulated(with_threads(GpuDecode::hardware_only(), 1, 8), decoders));
+  };
+  {
+    auto decoders = std::make_shared<SimulatedDeviceDecoders>(0us, std::set<size_t>{1});
+    LoaderOptions o = gpu(decoders);
+    o.on_error = ErrorPolicy::kSkip;
+    DataLoader loader(source_of(c), o, SequentialSampler::make(),
+                      std::make_unique<InstantCopyEngine>());
+    expect_same_batches(run(loader, 1),
+                        cpu_reference(c, 8, 1, ErrorPolicy::kSkip, /*sequential=*/true), "skip");
+    const LoaderStats s = loader.stats();
+    EXPECT_EQ(s.gpu_decode.failed_batches, 1u);
+    EXPECT_EQ(s.skipped, 1u);
+    EXPECT_EQ(s.errors, 1u);
+    ASSERT_EQ(s.skipped_samples.size(), 1u);
+    EXPECT_EQ(s.skipped_samples[0].index, 10u);
+    EXPECT_EQ(s.samples, 48u);
+    EXPECT_EQ(s.gpu_decode.gpu_images + s.gpu_decode.cpu_images, 48u);
+    EXPECT_GE(s.gpu_decode.cpu_images, 8u);  // the failed call's images
+  }
+  {
+    auto decoders = std::make_shared<SimulatedDeviceDecoders>(0us, std::set<size_t>{1});
+    DataLoader loader(source_of(c), gpu(decoders), SequentialSampler::make(),
+                      std::make_unique<InstantCopyEngine>());
+    const std::vector<Batch> want = cpu_reference(c, 8, 1, ErrorPolicy::kSkip, true);
+    size_t good = 0;
+    std::vector<size_t> failed;
+    for (size_t i = 0;; ++i) {
+      try {
+        std::optional<Batch> b = loader.next();
+        if (!b) break;
+        EXPECT_TRUE(b->images().equal(want[b->sequence].images())) << "batch " << b->sequence;
+        ++good;
+      } catch (const SampleError& e) {
+        failed.push_back(e.index());
+        EXPECT_EQ(i, 1u);
+        EXPECT_EQ(std::string(e.what()).find("cudaErrorIllegalAddress"), std::string::npos)
+            << "the call's error reached the user: " << e.what();
+      }
+    }
+    EXPECT_EQ(good, 5u);
+    EXPECT_EQ(failed, std::vector<size_t>{10});  // the corrupt file, named as on the CPU
+    EXPECT_EQ(loader.stats().errors, 1u);
+    EXPECT_EQ(loader.stats().gpu_decode.failed_batches, 1u);
+  }
+}
+
+// A copy stage whose copies fail once the simulated device is lost (a sticky error), as a real copy
+// stream on that device would: start() and check() throw "the copy stream failed".
+class LosableCopyEngine : public CopyEngine {
+ public:
+  explicit LosableCopyEngine(std::shared_ptr<SimulatedDeviceDecoders::Record> record)
+      : record_(std::move(record)) {}
+  DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
+                   CudaEvent* event, std::function<void()> on_finished) override {
+    if (record_->device_lost.load()) {
+      on_finished();
+      throw std::runtime_error(
+          "conveyor: cudaMemcpyAsync of a batch to cuda:0 failed "
+          "(cudaErrorIllegalAddress)");
+    }
+    return inner_.start(host, on_device, event, std::move(on_finished));
+  }
+  c10::Device device() const override { return inner_.device(); }
+  void check() override {
+    if (record_->device_lost.load()) {
+      throw std::runtime_error("conveyor: the copy stream failed (cudaErrorIllegalAddress)");
     }
   }
-  EXPECT_EQ(good, 5u);
-  EXPECT_EQ(failures, 1u);
-  EXPECT_EQ(loader.stats().gpu_decode.failed_batches, 1u);
+
+ private:
+  std::shared_ptr<SimulatedDeviceDecoders::Record> record_;
+  InstantCopyEngine inner_;
+};
+
+// A decode call that fails with a sticky CUDA error loses the device: the loader raises that
+// error, naming GPU decode and the error, not the copy stream's failure that follows it; and again
+// on the next call, never a hang.
+TEST(GpuDecodeLoader, AStickyErrorOfGpuDecodeIsRaisedAsGpuDecodesNotTheCopyStreams) {
+  const Corpus c = make_corpus(64, 31, /*mixed=*/false);
+  auto decoders = std::make_shared<SimulatedDeviceDecoders>(0us, std::set<size_t>{1}, true);
+  LoaderOptions o =
+      options(8, 1, 8, simulated(with_threads(GpuDecode::hardware_only(), 1, 8), decoders));
+  const std::vector<Batch> want = cpu_reference(c, 8, 1, ErrorPolicy::kRaise, true);
+  finishes_within(60s, "a sticky error of GPU decode", [&] {
+    DataLoader loader(source_of(c), o, SequentialSampler::make(),
+                      std::make_unique<LosableCopyEngine>(decoders->record()));
+    size_t delivered = 0;
+    std::string error;
+    bool gpu_decode_error = false;
+    for (;;) {
+      try {
+        std::optional<Batch> b = loader.next();
+        ASSERT_TRUE(b) << "the epoch ended after the device was lost";
+        EXPECT_TRUE(b->images().equal(want[b->sequence].images())) << "batch " << b->sequence;
+        ++delivered;
+      } catch (const GpuDecodeError& e) {
+        error = e.what();
+        gpu_decode_error = e.context_lost() && e.error_name() == "cudaErrorIllegalAddress";
+        break;
+      } catch (const std::exception& e) {
+        error = e.what();
+        break;
+      }
+    }
+    EXPECT_TRUE(gpu_decode_error) << error;
+    EXPECT_NE(error.find("GPU decode (simulated device decoder on cpu"), std::string::npos)
+        << error;
+    EXPECT_NE(error.find("lost the device"), std::string::npos) << error;
+    EXPECT_NE(error.find("cudaErrorIllegalAddress"), std::string::npos) << error;
+    EXPECT_LE(delivered, 1u + o.prefetch_factor);  // batch 1's call lost it
+    EXPECT_THROW(loader.next(), GpuDecodeError);   // and the loader stays failed
+  });
 }
 
 // Breaking out of epochs and destroying the loader while the decode thread is mid-chunk: no
@@ -400,7 +688,7 @@ TEST(GpuDecodeLoader, BreakingOffAndDestroyingMidEpochWithDeviceJobsInFlight) {
 }
 
 // Where GPU decode cannot run, the loader decodes everything on the CPU, as with kOff, and says
-// why: a loader on the CPU, a source that is not an ImageSource, and nvJPEG on a copy stage
+// why: a loader on the CPU, a source without an encoded image field, and nvJPEG on a copy stage
 // whose device is not a CUDA device (or, on this machine, whatever gpu_decode_status() says).
 TEST(GpuDecodeLoader, WhereItCannotRunTheCpuDecodesAndTheLoaderSaysWhy) {
   const Corpus c = make_corpus(24, 50);
@@ -431,8 +719,10 @@ TEST(GpuDecodeLoader, WhereItCannotRunTheCpuDecodesAndTheLoaderSaysWhy) {
                 simulated(GpuDecode::hardware_only(), std::make_shared<SimulatedDeviceDecoders>())),
         SequentialSampler::make(), std::make_unique<InstantCopyEngine>());
     EXPECT_EQ(run(loader, 1).size(), 5u);
-    EXPECT_NE(loader.mode().find("the source is not an ImageSource"), std::string::npos)
+    EXPECT_NE(loader.mode().find("the source has no field a device decoder may write"),
+              std::string::npos)
         << loader.mode();
+    EXPECT_FALSE(loader.stats().gpu_decode.active);
   }
   {
     LoaderOptions o = options(8, 2, 0, GpuDecode::off());
@@ -586,6 +876,42 @@ TEST_F(GpuDecodeLoaderGpu, AGraphCapturedOnTheTrainingThreadWhileTheLoaderDecode
   EXPECT_EQ(batches, want.size());
   EXPECT_GT(loader.stats().gpu_decode.gpu_images, 0u);
   std::printf("%zu graphs captured while GPU decode ran, %zu batches right\n", captures, batches);
+}
+
+// Where the crop's region is read, to the pixel, on the hardware: one-pixel grids whose center
+// crops start off the MCU grid and are kept at 8/8 (a crop as large as the output). The decoders'
+// rounding stays far below the tolerance there, while a region read one pixel off in either
+// direction changes every pixel by 255 (a PSNR of 30 dB, and an average difference, would not
+// see one wrong row or column; this sees any).
+TEST_F(GpuDecodeLoaderGpu, AOnePixelGridIsCroppedWhereTheCpuCropsIt) {
+  Corpus c;
+  for (size_t i = 0; i < 48; ++i) {
+    c.files.push_back(make_grid_jpeg(83 + static_cast<int>(i % 4) * 6, 61));
+    c.labels.push_back(static_cast<int64_t>(i));
+  }
+  auto source = [&] {
+    return ImageSource::in_memory(c.files, c.labels, ImageTransform::eval(32, 61));
+  };
+  DataLoader reference(source(), options(16, 2, 0, GpuDecode::off()), SequentialSampler::make());
+  const std::vector<Batch> want = run(reference, 1);
+  LoaderOptions o = options(16, 2, 8, GpuDecode::hardware_only());
+  o.device = c10::Device("cuda:0");
+  DataLoader loader(source(), o, SequentialSampler::make());
+  ASSERT_NE(loader.mode().find("GPU decode: nvJPEG hardware backend on cuda:0"), std::string::npos)
+      << loader.mode();
+  const std::vector<Batch> got = run(loader, 1);
+  ASSERT_EQ(got.size(), want.size());
+  int worst = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const at::Tensor g = got[i].images().cpu();
+    for (int64_t r = 0; r < g.size(0); ++r) {
+      const Difference d = compare(g[r], want[i].images()[r]);
+      EXPECT_LE(d.max_abs, GpuCropDecoder::kMaxAbsDiff) << "batch " << i << " row " << r;
+      worst = std::max(worst, d.max_abs);
+    }
+  }
+  EXPECT_EQ(loader.stats().gpu_decode.gpu_images, 48u);
+  std::printf("one-pixel grids on the GPU: max abs diff %d against the CPU path\n", worst);
 }
 
 }  // namespace

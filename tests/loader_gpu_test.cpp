@@ -120,100 +120,6 @@ INSTANTIATE_TEST_SUITE_P(Completion, LoaderGpu,
                                            CopyCompletion::kEventThread),
                          completion_name);
 
-TEST_P(LoaderGpu, BatchesOnCudaEqualTheCpuResult) {
-  LoaderOptions o = options(16, 4);
-  DataLoader gpu(std::make_shared<IndexSource>(200), o, RandomSampler::make(9), engine());
-  o.device = c10::Device(c10::DeviceType::CPU);
-  DataLoader cpu(std::make_shared<IndexSource>(200), o, RandomSampler::make(9));
-  EXPECT_TRUE(gpu.is_pinned());
-  auto a = cpu.begin();
-  auto b = gpu.begin();
-  for (; a != cpu.end(); ++a, ++b) {
-    ASSERT_NE(b, gpu.end());
-    EXPECT_TRUE(b->fields[0].is_cuda());
-    EXPECT_TRUE(at::equal(a->fields[0], b->fields[0].cpu()));
-  }
-  EXPECT_EQ(b, gpu.end());
-}
-
-// 128 MB batches, checked whole by a kernel queued on the consumer's stream the moment each batch
-// is handed out: a copy the stream did not wait for would show as wrong sums (a check of the
-// first bytes would not: a copy writes those first).
-TEST_P(LoaderGpu, AWholeBatchOf128MBIsCompleteOnTheConsumerStreamAtOnce) {
-  constexpr size_t kBytes = 1 << 20;
-  DataLoader loader(std::make_shared<PatternSource>(128 * 6, kBytes), options(128, 4),
-                    RandomSampler::make(3), engine());
-  size_t batches = 0;
-  for (Batch& b : loader) {
-    ASSERT_EQ(b.images().nbytes(), 128 * kBytes);
-    EXPECT_EQ(wrong_rows(b, kBytes), 0) << "batch " << batches;
-    ++batches;
-  }
-  EXPECT_EQ(batches, 6u);
-}
-
-// The consumer's stream sleeps after each batch (a training step): the next batch's copy runs on
-// the side stream meanwhile, so next() returns before the sleep ends and the batch's copy is done
-// before it does. A copy on the consumer's stream, or one that waits for it (a synchronous copy,
-// a blocking stream behind the legacy default stream), would finish only after the sleep.
-TEST_P(LoaderGpu, TheNextBatchIsCopiedWhileTheConsumerStreamIsBusy) {
-  constexpr size_t kBytes = 1 << 20;
-  LoaderOptions o = options(64, 4);
-  o.prefetch_factor = 2;
-  DataLoader loader(std::make_shared<PatternSource>(64 * 6, kBytes), o, nullptr, engine());
-  std::optional<Batch> batch = loader.next();
-  ASSERT_TRUE(batch);
-  for (int n = 1; n < 6; ++n) {
-    at::cuda::sleep(kAboutASecond / 2);  // the "training step" on the consumer's stream
-    CudaEvent step_done = mark_current_stream();
-    batch.reset();
-    batch = loader.next();
-    ASSERT_TRUE(batch);
-    EXPECT_FALSE(event_done(step_done.native_handle()))
-        << "next() waited for the consumer's stream (batch " << n << ")";
-    bool copy_first = false;
-    while (!event_done(step_done.native_handle())) {
-      if (batch->copy_fence->done()) {
-        copy_first = true;
-        break;
-      }
-    }
-    EXPECT_TRUE(copy_first) << "batch " << n << "'s copy did not overlap the step";
-    ASSERT_EQ(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(0).stream()), cudaSuccess);
-    EXPECT_EQ(wrong_rows(*batch, kBytes), 0) << "batch " << n;
-  }
-}
-
-// A training loop that computes on its own stream calls record_stream(): that stream waits for
-// the copy, and a batch dropped while a kernel there still reads it keeps its memory until the
-// kernel is done, while later batches (same size: the allocator's first choice) keep arriving.
-TEST_P(LoaderGpu, ABatchReadOnAnotherStreamIsSafeBeforeAndAfterItIsDropped) {
-  constexpr size_t kBytes = 1 << 20;
-  DataLoader loader(std::make_shared<PatternSource>(64 * 8, kBytes), options(64, 4),
-                    RandomSampler::make(5), engine());
-  const c10::cuda::CUDAStream compute = c10::cuda::getStreamFromPool(false, 0);
-  std::vector<at::Tensor> sums;
-  std::vector<std::vector<size_t>> indices;
-  size_t n = 0;
-  for (Batch& b : loader) {
-    b.record_stream(compute.unwrap());
-    c10::cuda::CUDAStreamGuard on_compute(compute);
-    if (n % 2 == 1) at::cuda::sleep(kAboutASecond / 4);  // still reading when the batch is gone
-    sums.push_back(at::sum(b.images(), {1}, /*keepdim=*/false, at::kLong));
-    indices.push_back(b.indices);
-    ++n;
-  }  // each batch is dropped here, its checksum still queued on `compute`
-  ASSERT_EQ(cudaStreamSynchronize(compute.stream()), cudaSuccess);
-  ASSERT_EQ(n, 8u);
-  for (size_t i = 0; i < n; ++i) {
-    const at::Tensor s = sums[i].cpu();
-    for (int64_t r = 0; r < s.size(0); ++r) {
-      EXPECT_EQ(s[r].item<int64_t>(), pattern_row_sum(indices[i][static_cast<size_t>(r)], kBytes))
-          << "batch " << i << " row " << r;
-    }
-  }
-}
-
 // Wraps an engine: counts every hand-back, checks (where it may call CUDA: the event thread) that
 // it comes after the slot's event, and keeps each copy's fence in start order.
 class CheckedHandBacks final : public CopyEngine {
@@ -266,6 +172,155 @@ class CheckedHandBacks final : public CopyEngine {
   int throw_at_;
   int64_t sleep_;
 };
+
+TEST_P(LoaderGpu, BatchesOnCudaEqualTheCpuResult) {
+  LoaderOptions o = options(16, 4);
+  DataLoader gpu(std::make_shared<IndexSource>(200), o, RandomSampler::make(9), engine());
+  o.device = c10::Device(c10::DeviceType::CPU);
+  DataLoader cpu(std::make_shared<IndexSource>(200), o, RandomSampler::make(9));
+  EXPECT_TRUE(gpu.is_pinned());
+  auto a = cpu.begin();
+  auto b = gpu.begin();
+  for (; a != cpu.end(); ++a, ++b) {
+    ASSERT_NE(b, gpu.end());
+    EXPECT_TRUE(b->fields[0].is_cuda());
+    EXPECT_TRUE(at::equal(a->fields[0], b->fields[0].cpu()));
+  }
+  EXPECT_EQ(b, gpu.end());
+}
+
+// 128 MB batches, checked whole by a kernel queued on the consumer's stream the moment each batch
+// is handed out: a copy the stream did not wait for would show as wrong sums (a check of the
+// first bytes would not: a copy writes those first).
+TEST_P(LoaderGpu, AWholeBatchOf128MBIsCompleteOnTheConsumerStreamAtOnce) {
+  constexpr size_t kBytes = 1 << 20;
+  DataLoader loader(std::make_shared<PatternSource>(128 * 6, kBytes), options(128, 4),
+                    RandomSampler::make(3), engine());
+  size_t batches = 0;
+  for (Batch& b : loader) {
+    ASSERT_EQ(b.images().nbytes(), 128 * kBytes);
+    EXPECT_EQ(wrong_rows(b, kBytes), 0) << "batch " << batches;
+    ++batches;
+  }
+  EXPECT_EQ(batches, 6u);
+}
+
+// The consumer's stream sleeps after each batch (a training step): the copies next() starts run
+// on the side stream meanwhile, so next() returns before the sleep ends and a copy queued after
+// the sleep began is done before the sleep ends. A copy on the consumer's stream, or one that
+// waits for it (a synchronous copy, a blocking stream behind the legacy default stream), would
+// finish only after the sleep. (The batch next() hands out was copied before the sleep was
+// queued, so its own fence would be done first even then: the check is on the copies started
+// during next(), which CheckedHandBacks records in start order.)
+TEST_P(LoaderGpu, TheNextBatchIsCopiedWhileTheConsumerStreamIsBusy) {
+  constexpr size_t kBytes = 1 << 20;
+  LoaderOptions o = options(64, 4);
+  o.prefetch_factor = 2;
+  auto counts = std::make_shared<CheckedHandBacks::Counts>();
+  DataLoader loader(std::make_shared<PatternSource>(64 * 8, kBytes), o, nullptr,
+                    std::make_unique<CheckedHandBacks>(engine(), counts, false));
+  const auto copies_started = [&] {
+    std::lock_guard<std::mutex> lock(counts->mutex);
+    return counts->fences.size();
+  };
+  std::optional<Batch> batch = loader.next();
+  ASSERT_TRUE(batch);
+  int checked = 0;
+  for (int n = 1; n < 8; ++n) {
+    // The workers have had the last step to fill the slots: next() below starts a copy.
+    at::cuda::sleep(kAboutASecond / 2);  // the "training step" on the consumer's stream
+    CudaEvent step_done = mark_current_stream();
+    const size_t before = copies_started();
+    batch.reset();
+    batch = loader.next();
+    ASSERT_TRUE(batch);
+    EXPECT_FALSE(event_done(step_done.native_handle()))
+        << "next() waited for the consumer's stream (batch " << n << ")";
+    std::shared_ptr<const CopyFence> started_after_the_step;
+    {
+      std::lock_guard<std::mutex> lock(counts->mutex);
+      if (counts->fences.size() > before) started_after_the_step = counts->fences.back();
+    }
+    if (started_after_the_step) {
+      bool copy_first = false;
+      while (!event_done(step_done.native_handle())) {
+        if (started_after_the_step->done()) {
+          copy_first = true;
+          break;
+        }
+      }
+      EXPECT_TRUE(copy_first) << "a copy queued during step " << n << " waited for the step";
+      ++checked;
+    }
+    ASSERT_EQ(cudaStreamSynchronize(c10::cuda::getCurrentCUDAStream(0).stream()), cudaSuccess);
+    EXPECT_EQ(wrong_rows(*batch, kBytes), 0) << "batch " << n;
+  }
+  EXPECT_GE(checked, 4) << "too few steps started a copy to tell";
+}
+
+// A training loop that computes on its own stream calls record_stream(): that stream waits for
+// the copy, and a batch dropped while a kernel there still reads it keeps its memory until the
+// kernel is done, while later batches (same size: the allocator's first choice) keep arriving.
+TEST_P(LoaderGpu, ABatchReadOnAnotherStreamIsSafeBeforeAndAfterItIsDropped) {
+  constexpr size_t kBytes = 1 << 20;
+  DataLoader loader(std::make_shared<PatternSource>(64 * 8, kBytes), options(64, 4),
+                    RandomSampler::make(5), engine());
+  const c10::cuda::CUDAStream compute = c10::cuda::getStreamFromPool(false, 0);
+  std::vector<at::Tensor> sums;
+  std::vector<std::vector<size_t>> indices;
+  size_t n = 0;
+  for (Batch& b : loader) {
+    b.record_stream(compute.unwrap());
+    c10::cuda::CUDAStreamGuard on_compute(compute);
+    if (n % 2 == 1) at::cuda::sleep(kAboutASecond / 4);  // still reading when the batch is gone
+    sums.push_back(at::sum(b.images(), {1}, /*keepdim=*/false, at::kLong));
+    indices.push_back(b.indices);
+    ++n;
+  }  // each batch is dropped here, its checksum still queued on `compute`
+  ASSERT_EQ(cudaStreamSynchronize(compute.stream()), cudaSuccess);
+  ASSERT_EQ(n, 8u);
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor s = sums[i].cpu();
+    for (int64_t r = 0; r < s.size(0); ++r) {
+      EXPECT_EQ(s[r].item<int64_t>(), pattern_row_sum(indices[i][static_cast<size_t>(r)], kBytes))
+          << "batch " << i << " row " << r;
+    }
+  }
+}
+
+// The consumer's stream waits for the batch's copy: every copy here is held back about a second
+// on the side stream (a sleep queued before it), so when next() returns the copy is still running.
+// Work queued on the consumer's stream right after next() must finish after the copy: an event
+// recorded there completes only once the batch's fence has, and a checksum queued there sees the
+// whole batch. Without that wait, the event would complete at once, the fence a second later, and
+// the checksum would read a batch not yet copied.
+TEST_P(LoaderGpu, TheConsumerStreamWaitsForTheBatchsCopy) {
+  constexpr size_t kBytes = 1 << 18;
+  LoaderOptions o = options(16, 2);
+  o.slots = 3;
+  o.prefetch_factor = 1;
+  auto counts = std::make_shared<CheckedHandBacks::Counts>();
+  DataLoader loader(std::make_shared<PatternSource>(16 * 3, kBytes), o, nullptr,
+                    std::make_unique<CheckedHandBacks>(engine(), counts, false, -1,
+                                                       /*sleep_before_copy=*/kAboutASecond));
+  size_t n = 0;
+  for (Batch& b : loader) {
+    const bool done_when_handed_out = b.copy_fence->done();
+    CudaEvent consumer_done = mark_current_stream();
+    // Bounded: the copy takes about a second; 60 s means the consumer's stream is stuck.
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (!event_done(consumer_done.native_handle()) &&
+           std::chrono::steady_clock::now() < deadline) {
+    }
+    ASSERT_TRUE(event_done(consumer_done.native_handle())) << "batch " << n;
+    EXPECT_TRUE(b.copy_fence->done())
+        << "batch " << n << ": the consumer's stream ran ahead of the batch's copy";
+    if (done_when_handed_out) std::printf("batch %zu: its copy was done when handed out\n", n);
+    EXPECT_EQ(wrong_rows(b, kBytes), 0) << "batch " << n;
+    ++n;
+  }
+  EXPECT_EQ(n, 3u);
+}
 
 // Few slots, slow copies, and a consumer that keeps the batches and checks them only at the end,
 // so that it runs ahead and every slot is refilled as soon as it is handed back: a slot handed

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -137,12 +138,51 @@ inline void check_or_hand_back(const std::vector<at::Tensor>& host,
   }
 }
 
-// What a host-side copy engine does with the rows GPU decode left on its "device" (host memory
-// here): they replace their rows of the copy, as the CUDA engine's device-to-device copies do.
-inline void copy_device_rows(std::vector<at::Tensor>& device,
-                             const std::vector<DeviceRows>& on_device) {
+// What a host-side copy engine's copies moved, per field: bytes from the host (the slot: what
+// crosses PCIe on a GPU) and from the device rows GPU decode left on the "device". Shared with the
+// test, which reads it while or after the loader runs.
+struct CopyAccounting {
+  std::mutex mutex;
+  std::vector<uint64_t> host_bytes, device_bytes;  // per field
+  void add(std::vector<uint64_t>& to, size_t field, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (to.size() <= field) to.resize(field + 1, 0);
+    to[field] += bytes;
+  }
+  uint64_t host(size_t field) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return field < host_bytes.size() ? host_bytes[field] : 0;
+  }
+  uint64_t device(size_t field) {
+    std::lock_guard<std::mutex> lock(mutex);
+    return field < device_bytes.size() ? device_bytes[field] : 0;
+  }
+};
+
+// A host-side copy engine's copy, as the CUDA engine makes it: fresh (uninitialised) tensors, the
+// host rows host_rows() names, then the rows GPU decode left on the "device" (host memory here).
+// A row that neither wrote holds garbage, so a rule that skips a needed row shows in the batch.
+inline std::vector<at::Tensor> empty_like_all(const std::vector<at::Tensor>& host) {
+  std::vector<at::Tensor> out;
+  for (const auto& h : host) out.push_back(at::empty(h.sizes(), h.options()));
+  return out;
+}
+inline void copy_rows(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
+                      std::vector<at::Tensor>& device, CopyAccounting* accounting) {
+  for (const HostRows& run : host_rows(host, on_device)) {
+    device[run.field]
+        .narrow(0, run.first_row, run.rows)
+        .copy_(host[run.field].narrow(0, run.first_row, run.rows));
+    if (accounting) {
+      const auto row_bytes =
+          host[run.field].nbytes() / static_cast<size_t>(host[run.field].size(0));
+      accounting->add(accounting->host_bytes, run.field,
+                      static_cast<uint64_t>(run.rows) * row_bytes);
+    }
+  }
   for (const DeviceRows& d : on_device) {
     device[d.field].narrow(0, d.first_row, d.rows.size(0)).copy_(d.rows);
+    if (accounting) accounting->add(accounting->device_bytes, d.field, d.rows.nbytes());
   }
 }
 
@@ -167,7 +207,9 @@ class HostCopyFence : public CopyFence {
 // and finish, which fails if the loader reused a slot while its copy was still reading it.
 class LateCopyEngine : public CopyEngine {
  public:
-  explicit LateCopyEngine(std::chrono::milliseconds latency) : latency_(latency) {
+  explicit LateCopyEngine(std::chrono::milliseconds latency,
+                          std::shared_ptr<CopyAccounting> accounting = nullptr)
+      : latency_(latency), accounting_(std::move(accounting)) {
     thread_ = std::thread([this] { run(); });
   }
   ~LateCopyEngine() override {
@@ -185,10 +227,8 @@ class LateCopyEngine : public CopyEngine {
     job.due = std::chrono::steady_clock::now() + latency_;
     job.host = host;
     job.on_device = on_device;
-    for (const auto& h : host) {
-      job.device.push_back(at::empty(h.sizes(), h.options()));
-      job.snapshot.push_back(h.clone());  // what the slot held when the copy started
-    }
+    job.device = empty_like_all(host);
+    for (const auto& h : host) job.snapshot.push_back(h.clone());  // the slot at the start
     job.on_finished = std::move(on_finished);
     std::promise<void> done;
     DeviceCopy copy{job.device, std::make_shared<HostCopyFence>(done.get_future().share())};
@@ -226,15 +266,15 @@ class LateCopyEngine : public CopyEngine {
       std::this_thread::sleep_until(job.due);
       for (size_t i = 0; i < job.host.size(); ++i) {
         if (!job.host[i].equal(job.snapshot[i])) overwritten.fetch_add(1);
-        job.device[i].copy_(job.host[i]);
       }
-      copy_device_rows(job.device, job.on_device);
+      copy_rows(job.host, job.on_device, job.device, accounting_.get());
       copies.fetch_add(1);
       job.done.set_value();
       job.on_finished();
     }
   }
   std::chrono::milliseconds latency_;
+  std::shared_ptr<CopyAccounting> accounting_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<Job> queue_;
@@ -251,12 +291,14 @@ class InstantCopyEngine : public CopyEngine {
  public:
   InstantCopyEngine() = default;
   InstantCopyEngine(size_t lose_from, bool report_loss) : lose_(lose_from), report_(report_loss) {}
+  explicit InstantCopyEngine(std::shared_ptr<CopyAccounting> accounting)
+      : accounting_(std::move(accounting)) {}
   DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
                    CudaEvent*, std::function<void()> on_finished) override {
     check_or_hand_back(host, on_device, device(), on_finished);
     DeviceCopy copy;
-    for (const auto& h : host) copy.tensors.push_back(h.clone());
-    copy_device_rows(copy.tensors, on_device);
+    copy.tensors = empty_like_all(host);
+    copy_rows(host, on_device, copy.tensors, accounting_.get());
     std::promise<void> done;
     done.set_value();
     copy.fence = std::make_shared<HostCopyFence>(done.get_future().share());
@@ -279,6 +321,75 @@ class InstantCopyEngine : public CopyEngine {
   bool report_ = false;
   bool lost_ = false;
   size_t starts_ = 0;
+  std::shared_ptr<CopyAccounting> accounting_;
+};
+
+// A copy stage whose copies finish only when the test says so (release()): its fences let a
+// stream "wait" by blocking in use_on() until the copy is released, and count the waits, so a test
+// can see that the consumer waits for a batch's copy before the batch is handed out.
+class GatedCopyEngine : public CopyEngine {
+ public:
+  struct Gate {
+    std::mutex mutex;
+    std::condition_variable cv;
+    size_t released = 0;  // copies 0 .. released-1 have finished
+    size_t started = 0;
+    size_t waiting = 0;  // use_on() calls blocked now
+    size_t waits = 0;    // use_on() calls so far
+    // Lets copies up to number `n` (0-based, exclusive) finish.
+    void release(size_t n) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        released = std::max(released, n);
+      }
+      cv.notify_all();
+    }
+  };
+  explicit GatedCopyEngine(std::shared_ptr<Gate> gate) : gate_(std::move(gate)) {}
+  ~GatedCopyEngine() override { gate_->release(SIZE_MAX); }  // nothing waits past the engine
+
+  DeviceCopy start(const std::vector<at::Tensor>& host, const std::vector<DeviceRows>& on_device,
+                   CudaEvent*, std::function<void()> on_finished) override {
+    check_or_hand_back(host, on_device, device(), on_finished);
+    DeviceCopy copy;
+    copy.tensors = empty_like_all(host);
+    copy_rows(host, on_device, copy.tensors, nullptr);  // the bytes; "done" only when released
+    size_t number = 0;
+    {
+      std::lock_guard<std::mutex> lock(gate_->mutex);
+      number = gate_->started++;
+    }
+    copy.fence = std::make_shared<Fence>(gate_, number);
+    on_finished();  // the slot is no longer read (the copy above is whole)
+    return copy;
+  }
+  c10::Device device() const override { return c10::Device(c10::DeviceType::CPU); }
+
+ private:
+  class Fence : public CopyFence {
+   public:
+    Fence(std::shared_ptr<Gate> gate, size_t number) : gate_(std::move(gate)), number_(number) {}
+    void use_on(c10::Stream, const std::vector<at::Tensor>&) const override {
+      std::unique_lock<std::mutex> lock(gate_->mutex);
+      ++gate_->waits;
+      ++gate_->waiting;
+      gate_->cv.notify_all();
+      gate_->cv.wait(lock, [&] { return gate_->released > number_; });
+      --gate_->waiting;
+    }
+    c10::Stream current_stream() const override {
+      return c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::DeviceType::CPU));
+    }
+    bool done() const override {
+      std::lock_guard<std::mutex> lock(gate_->mutex);
+      return gate_->released > number_;
+    }
+
+   private:
+    std::shared_ptr<Gate> gate_;
+    size_t number_;
+  };
+  std::shared_ptr<Gate> gate_;
 };
 
 // A checkpoint of `loader`'s position (DataLoader::save) as bytes, and back into a loader.

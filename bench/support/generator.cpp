@@ -131,6 +131,24 @@ std::vector<uint8_t> make_photo_jpeg(int width, int height, uint64_t seed, int q
   return encode_jpeg(img.ptr<uint8_t>(), width, height, quality);
 }
 
+std::vector<uint8_t> make_grid_jpeg(int width, int height) {
+  std::vector<uint8_t> rgb(static_cast<size_t>(width) * static_cast<size_t>(height) * 3);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      uint8_t* p =
+          &rgb[(static_cast<size_t>(y) * static_cast<size_t>(width) + static_cast<size_t>(x)) * 3];
+      p[0] = x % 2 ? 255 : 0;
+      p[1] = y % 2 ? 255 : 0;
+      p[2] = (x / 2 + y / 2) % 2 ? 255 : 0;
+    }
+  }
+  EncodeOptions e;
+  e.quality = 100;
+  e.h_samp = 1;
+  e.v_samp = 1;
+  return encode_jpeg(rgb.data(), width, height, e);
+}
+
 GeneratedDataset generate_image_folder(const std::filesystem::path& root,
                                        const GeneratorOptions& options) {
   namespace fs = std::filesystem;

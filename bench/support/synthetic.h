@@ -42,6 +42,10 @@ GeneratedDataset generate_image_folder(const std::filesystem::path& root,
                                        const GeneratorOptions& options);
 // One photo-like JPEG, width x height, deterministic in `seed`.
 std::vector<uint8_t> make_photo_jpeg(int width, int height, uint64_t seed, int quality = 90);
+// A one-pixel grid, width x height (red: odd columns, green: odd rows, blue: odd 2 x 2 blocks) at
+// quality 100 with 4:4:4 sampling: read one pixel off in either direction, or both, every pixel
+// changes (the GPU decode tests' check of where a crop's region is read).
+std::vector<uint8_t> make_grid_jpeg(int width, int height);
 
 // A source of fixed-size fields filled with a deterministic pattern: a memcpy-sized "image" of
 // `sample_bytes` bytes and the index as an int64 "label". With sample_bytes == 0 the only field is

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <string>
 
 #include "conveyor/datasets.h"
 #include "conveyor/internal/trace.h"
@@ -25,6 +26,12 @@ std::string SampleSource::describe(size_t index) const { return "sample " + std:
 
 std::vector<FieldSpec> SampleSource::learn_fields(size_t) {
   throw std::logic_error("conveyor: learn_fields() on a source whose fields() are known");
+}
+
+SampleSource::Encoded SampleSource::read_encoded(const SampleContext& ctx, std::vector<uint8_t>&,
+                                                 std::byte* const*) {
+  throw std::logic_error("conveyor: read_encoded() of sample " + std::to_string(ctx.index) +
+                         " on a source without an encoded image field");
 }
 
 struct ImageSource::Worker {
@@ -62,6 +69,10 @@ std::vector<FieldSpec> ImageSource::fields() const {
   return {{"image", c10::ScalarType::Byte, shape}, {"label", c10::ScalarType::Long, {}}};
 }
 
+std::optional<SampleSource::EncodedImageField> ImageSource::encoded_image_field() const {
+  return EncodedImageField{0, transform_};  // fields(): image, label
+}
+
 void ImageSource::prepare(size_t workers) {
   while (workers_.size() < workers) workers_.push_back(std::make_unique<Worker>(transform_));
   kind_->prepare(workers);
@@ -79,9 +90,9 @@ void ImageSource::write_sample(const SampleContext& ctx, std::byte* const* field
   std::memcpy(fields[1], &image.label, sizeof(int64_t));
 }
 
-ImageSource::Encoded ImageSource::read_encoded(const SampleContext& ctx,
-                                               std::vector<uint8_t>& buffer,
-                                               std::byte* const* fields) {
+SampleSource::Encoded ImageSource::read_encoded(const SampleContext& ctx,
+                                                std::vector<uint8_t>& buffer,
+                                                std::byte* const* fields) {
   Worker& w = *workers_.at(ctx.worker);
   const trace::Range reading(trace::Name::kRead);
   const auto started = std::chrono::steady_clock::now();

@@ -173,6 +173,29 @@ CONVEYOR_HOST_DEVICE inline CropPlan plan_crop(int width, int height, int box_x,
   return p;
 }
 
+// The region nvJPEG decodes for a plan of a width x height image: the plan's ROI widened to whole
+// 16 x 16 blocks (the largest MCU) and clamped to the image, so that no MCU is cut. nvJPEG writes
+// it as h rows of w interleaved RGB pixels, region_pitch() bytes apart.
+struct DecodedRegion {
+  int x = 0, y = 0, w = 0, h = 0;
+};
+CONVEYOR_HOST_DEVICE inline DecodedRegion decoded_region(const CropPlan& p, int width, int height) {
+  DecodedRegion r;
+  r.x = p.roi_x / 16 * 16;
+  r.y = p.roi_y / 16 * 16;
+  r.w = min_int(width, (p.roi_x + p.roi_w + 15) / 16 * 16) - r.x;
+  r.h = min_int(height, (p.roi_y + p.roi_h + 15) / 16 * 16) - r.y;
+  return r;
+}
+CONVEYOR_HOST_DEVICE inline size_t region_pitch(const DecodedRegion& r) {
+  return static_cast<size_t>(r.w) * 3;
+}
+// Where the plan's ROI starts in the decoded region, in bytes: what the kernel reads as `roi`.
+CONVEYOR_HOST_DEVICE inline size_t roi_offset(const CropPlan& p, const DecodedRegion& r) {
+  return static_cast<size_t>(p.roi_y - r.y) * region_pitch(r) +
+         static_cast<size_t>(p.roi_x - r.x) * 3;
+}
+
 // Channel c of scaled pixel (i, j): the rounded mean of the ROI pixels it stands for. `roi` holds
 // roi_h rows of roi_w interleaved RGB pixels, `pitch` bytes apart.
 CONVEYOR_HOST_DEVICE inline int scaled_pixel(const uint8_t* roi, size_t pitch, const CropPlan& p,

@@ -17,13 +17,14 @@
 
 namespace conveyor {
 
-GpuDecodeError::GpuDecodeError(const std::string& what, std::string error_name)
-    : std::runtime_error(what), error_name_(std::move(error_name)) {}
+GpuDecodeError::GpuDecodeError(const std::string& what, std::string error_name, bool context_lost)
+    : std::runtime_error(what), error_name_(std::move(error_name)), context_lost_(context_lost) {}
 
 namespace {
 
 using gpudecode::CropJob;
 using gpudecode::CropPlan;
+using gpudecode::DecodedRegion;
 using gpudecode::nv::NvjpegLibrary;
 namespace nv = gpudecode::nv;
 
@@ -145,10 +146,16 @@ Probe probe(const GpuDecodeSetup& setup) {
   return p;
 }
 
-// A region of the source image, in pixels.
-struct Region {
-  int x = 0, y = 0, w = 0, h = 0;
-};
+// After a failure on `stream`: waits for what the stream still runs (nothing of the batch may
+// write into memory the next one reuses), and says whether the device's context is lost. A sticky
+// error is returned again by every later call, after cudaGetLastError() too; another is not.
+bool wait_and_check_context_lost(cudaStream_t stream) {
+  (void)cudaStreamSynchronize(stream);
+  (void)cudaGetLastError();
+  const cudaError_t again = cudaStreamQuery(stream);
+  (void)cudaGetLastError();
+  return again != cudaSuccess && again != cudaErrorNotReady;
+}
 
 // A baseline file whose data ends without EOI (after any trailing zero padding) was cut short:
 // the hardware backend would decode it silently, the CPU path raises it through on_error.
@@ -182,7 +189,7 @@ struct GpuCropDecoder::State {
   std::vector<size_t> positions;  // the batch's images sent to the hardware
   std::vector<size_t> offsets;    // their regions' offsets in `regions`
   std::vector<CropPlan> plans;
-  std::vector<Region> regions_decoded;  // what nvJPEG decodes for each plan
+  std::vector<DecodedRegion> regions_decoded;  // what nvJPEG decodes for each plan
   DeviceBuffer regions;  // the decoded regions: grows (at least doubling) only past its size
   size_t region_growths = 0;
   DeviceBuffer device_jobs;  // max_batch CropJobs
@@ -332,14 +339,9 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
       const CropPlan plan =
           gpudecode::plan_crop(static_cast<int>(width), static_cast<int>(height), box.x, box.y,
                                box.width, box.height, box.flip, t.size, t.dct_scales, hwc);
-      // nvJPEG decodes the plan's region widened to whole 16 x 16 blocks (the largest MCU) and
-      // clamped to the image, so that no MCU is cut; the kernel reads the plan's region in it.
-      const int w = static_cast<int>(width), h = static_cast<int>(height);
-      Region region;
-      region.x = plan.roi_x / 16 * 16;
-      region.y = plan.roi_y / 16 * 16;
-      region.w = std::min(w, (plan.roi_x + plan.roi_w + 15) / 16 * 16) - region.x;
-      region.h = std::min(h, (plan.roi_y + plan.roi_h + 15) / 16 * 16) - region.y;
+      // nvJPEG decodes whole MCUs around the plan's region; the kernel reads the plan's in it.
+      const DecodedRegion region =
+          gpudecode::decoded_region(plan, static_cast<int>(width), static_cast<int>(height));
       nv::Params params = s.params[s.positions.size()].get();
       check_nvjpeg(lib.params_set_roi(params, region.x, region.y, region.w, region.h),
                    "nvjpegDecodeParamsSetROI");
@@ -375,15 +377,13 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
     for (size_t k = 0; k < n; ++k) {
       const GpuJpeg& image = images[s.positions[k]];
       const CropPlan& plan = s.plans[k];
-      const Region& region = s.regions_decoded[k];
-      const size_t pitch = static_cast<size_t>(region.w) * 3;
+      const DecodedRegion& region = s.regions_decoded[k];
+      const size_t pitch = gpudecode::region_pitch(region);
       s.batch_images[k].channel[0] = regions + s.offsets[k];
       s.batch_images[k].pitch[0] = pitch;
       s.batch_data.push_back(image.data);
       s.batch_lengths.push_back(image.size);
-      const uint8_t* roi = regions + s.offsets[k] +
-                           static_cast<size_t>(plan.roi_y - region.y) * pitch +
-                           static_cast<size_t>(plan.roi_x - region.x) * 3;
+      const uint8_t* roi = regions + s.offsets[k] + gpudecode::roi_offset(plan, region);
       s.jobs_on_host()[k] = CropJob{plan, roi, pitch, rows[s.positions[k]]};
     }
     check_nvjpeg(lib.batched_initialize(handle, s.state.get(), static_cast<int>(n), 1,
@@ -417,11 +417,11 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
     // The pinned jobs and the regions are reused by the next batch: wait for this one.
     detail::check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize after the decode");
   } catch (const GpuDecodeError& e) {
-    cudaStreamSynchronize(stream);  // nothing of this batch may still write into reused memory
-    throw GpuDecodeError(std::string(e.what()) + ", decoding " + batch_name, e.error_name());
+    const bool lost = wait_and_check_context_lost(stream);
+    throw GpuDecodeError(std::string(e.what()) + ", decoding " + batch_name, e.error_name(), lost);
   } catch (const CudaError& e) {
-    cudaStreamSynchronize(stream);
-    throw GpuDecodeError(std::string(e.what()) + ", decoding " + batch_name, e.name());
+    const bool lost = wait_and_check_context_lost(stream);
+    throw GpuDecodeError(std::string(e.what()) + ", decoding " + batch_name, e.name(), lost);
   }
   std::sort(result.to_cpu.begin(), result.to_cpu.end());
   return result;

@@ -9,12 +9,15 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <libyuv.h>
@@ -25,7 +28,7 @@
 #include "conveyor/jpeg.h"
 #include "crop_plan.h"
 #include "nvjpeg_api.h"
-#include "synthetic.h"  // make_photo_jpeg
+#include "synthetic.h"  // make_photo_jpeg, make_grid_jpeg
 
 namespace conveyor {
 namespace {
@@ -187,9 +190,13 @@ TEST(CropPlan, HwcIsChwInterleaved) {
 }
 
 // What the GPU path computes from a full-scale decode of the file (libjpeg-turbo standing in for
-// nvJPEG), for sample ctx: choose_crop's box, the plan, the kernel's math.
+// nvJPEG), for sample ctx: choose_crop's box, the plan, the region nvJPEG decodes
+// (decoded_region: whole MCUs around the plan's ROI, written at its own pitch, as nvJPEG's ROI
+// decode writes it), and the kernel's math from the ROI's place in that region (roi_offset, moved
+// by `shift` bytes to show that a misplaced ROI is seen).
 std::vector<uint8_t> gpu_math_row(const std::vector<uint8_t>& jpeg, const ImageTransform& t,
-                                  const SampleContext& ctx, CropPlan* plan_out) {
+                                  const SampleContext& ctx, CropPlan* plan_out,
+                                  std::ptrdiff_t shift = 0) {
   DecodeOptions o;
   o.channels = 3;
   o.fast_upsampling = true;  // as ImageWriter decodes
@@ -200,9 +207,17 @@ std::vector<uint8_t> gpu_math_row(const std::vector<uint8_t>& jpeg, const ImageT
   const CropPlan plan = plan_crop(full.width, full.height, box.x, box.y, box.width, box.height,
                                   box.flip, t.size, t.dct_scales, t.layout == ImageLayout::kHWC);
   if (plan_out) *plan_out = plan;
-  const uint8_t* roi = full.pixels + static_cast<size_t>(plan.roi_y) * full.stride +
-                       static_cast<size_t>(plan.roi_x) * 3;
-  return run_plan(roi, full.stride, plan);
+  const gpudecode::DecodedRegion region = gpudecode::decoded_region(plan, full.width, full.height);
+  const size_t pitch = gpudecode::region_pitch(region);
+  // The region as nvJPEG writes it, with a row of slack either side for a shifted read.
+  std::vector<uint8_t> decoded((static_cast<size_t>(region.h) + 2) * pitch, 0);
+  for (int y = 0; y < region.h; ++y) {
+    std::copy_n(full.pixels + static_cast<size_t>(region.y + y) * full.stride +
+                    static_cast<size_t>(region.x) * 3,
+                pitch, decoded.data() + static_cast<size_t>(y + 1) * pitch);
+  }
+  const uint8_t* roi = decoded.data() + pitch + gpudecode::roi_offset(plan, region) + shift;
+  return run_plan(roi, pitch, plan);
 }
 
 // ImageWriter (the CPU path) against the kernel's math on the same decoder's pixels: where
@@ -249,6 +264,40 @@ TEST(CropPlan, MatchesImageWriterOnPhotos) {
       "crop math vs ImageWriter: %zu rows at 8/8 byte-identical; %zu rows at M/8 < 8/8: "
       "max abs diff %d, worst PSNR %.1f dB\n",
       full_scale, scaled, worst_abs, worst_psnr);
+}
+
+// The ROI's place inside the region nvJPEG decodes (decoded_region, roi_offset), on the CPU and to
+// the pixel: center crops of one-pixel grids whose ROI starts off the 16-pixel MCU grid, kept at
+// 8/8 (a crop as large as the output: ImageWriter copies it), give ImageWriter's bytes exactly;
+// the same read one pixel right, one down, or both, does not come near them.
+TEST(CropPlan, TheRoiIsFoundInTheDecodedRegionToThePixel) {
+  size_t unaligned = 0;
+  for (const auto& [w, h] :
+       std::vector<std::pair<int, int>>{{70, 70}, {83, 61}, {100, 77}, {64, 95}, {121, 49}}) {
+    for (ImageLayout layout : {ImageLayout::kCHW, ImageLayout::kHWC}) {
+      ImageTransform t = ImageTransform::eval(32, std::min(w, h));  // a 32 x 32 box, no resize
+      t.layout = layout;
+      const std::vector<uint8_t> jpeg = make_grid_jpeg(w, h);
+      const SampleContext ctx{0, 3, 7, 1};
+      ImageWriter writer(t);
+      std::vector<uint8_t> cpu(static_cast<size_t>(t.size) * t.size * 3);
+      writer.write(jpeg.data(), jpeg.size(), ctx, reinterpret_cast<std::byte*>(cpu.data()));
+      ASSERT_EQ(writer.last_scale(), 8) << w << "x" << h;
+      CropPlan plan;
+      const std::vector<uint8_t> gpu = gpu_math_row(jpeg, t, ctx, &plan);
+      const gpudecode::DecodedRegion region = gpudecode::decoded_region(plan, w, h);
+      unaligned += plan.roi_x != region.x || plan.roi_y != region.y;
+      const Difference exact = compare(cpu, gpu);
+      EXPECT_EQ(exact.max_abs, 0) << w << "x" << h << ": " << exact.differing << " bytes differ";
+      const auto pitch = static_cast<std::ptrdiff_t>(gpudecode::region_pitch(region));
+      for (std::ptrdiff_t shift : {std::ptrdiff_t{3}, pitch, pitch + 3}) {
+        const Difference shifted = compare(cpu, gpu_math_row(jpeg, t, ctx, nullptr, shift));
+        EXPECT_GT(shifted.max_abs, 128) << w << "x" << h << ", shifted by " << shift << " bytes";
+        EXPECT_GT(shifted.differing, cpu.size() / 4) << w << "x" << h << ", shifted by " << shift;
+      }
+    }
+  }
+  EXPECT_GE(unaligned, 8u);  // the offset inside the region is not 0 for most
 }
 
 // --- Routing: the file kinds the repository's tests generate, and where the hybrid sends them.

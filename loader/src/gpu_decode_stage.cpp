@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <array>
 #include <exception>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 #include "conveyor/internal/cuda_check.h"
@@ -26,6 +28,25 @@ uint64_t nanoseconds_since(Clock::time_point t0) {
 // The most images one decoder call gets: max_batch, and the last chunk taken may pass it by less
 // than a chunk.
 size_t call_capacity(const ResolvedOptions& o) { return o.gpu_decode.max_batch + o.chunk_size; }
+
+// Why a source's encoded image field cannot take a device decoder's rows (empty: it can): it
+// must name one of the fields, a uint8 row of the transform's size and layout.
+std::string unfit_image_field(const SampleSource::EncodedImageField& image,
+                              const std::vector<FieldSpec>& fields) {
+  if (image.field >= fields.size()) {
+    return "is number " + std::to_string(image.field) + ", and the source has " +
+           std::to_string(fields.size()) + " fields";
+  }
+  const FieldSpec& f = fields[image.field];
+  const int64_t side = image.transform.size;
+  const std::vector<int64_t> shape = image.transform.layout == ImageLayout::kCHW
+                                         ? std::vector<int64_t>{3, side, side}
+                                         : std::vector<int64_t>{side, side, 3};
+  if (f.dtype != c10::ScalarType::Byte || f.sample_shape != shape) {
+    return "\"" + f.name + "\" is not a uint8 image of the transform's size and layout";
+  }
+  return {};
+}
 
 std::string describe_mode(const GpuDecode& g) {
   std::string text = g.mode == GpuDecode::Mode::kAuto ? "automatic split" : "fixed share ";
@@ -49,9 +70,23 @@ GpuDecodeStage::Plan GpuDecodeStage::make(const Parts& parts,
                   "on a CUDA device";
     return plan;
   }
-  const auto* images = dynamic_cast<const ImageSource*>(&parts.source);
-  if (images == nullptr) {
-    plan.status = unused + "the source is not an ImageSource";
+  std::optional<SampleSource::EncodedImageField> image;
+  std::vector<FieldSpec> fields;
+  try {
+    image = parts.source.encoded_image_field();
+    fields = parts.source.fields();
+  } catch (const std::exception& e) {
+    plan.status = unused + "the source could not say which field it decodes: " + e.what();
+    return plan;
+  }
+  if (!image) {
+    plan.status = unused +
+                  "the source has no field a device decoder may write "
+                  "(SampleSource::encoded_image_field)";
+    return plan;
+  }
+  if (const std::string wrong = unfit_image_field(*image, fields); !wrong.empty()) {
+    plan.status = unused + "the source's encoded image field " + wrong;
     return plan;
   }
   std::shared_ptr<const DeviceDecoderFactory> factory =
@@ -64,19 +99,21 @@ GpuDecodeStage::Plan GpuDecodeStage::make(const Parts& parts,
       return plan;
     }
     for (size_t t = 0; t < wanted.threads; ++t) {
-      decoders.push_back(factory->make(images->transform(), *device, call_capacity(parts.options)));
+      decoders.push_back(factory->make(image->transform, *device, call_capacity(parts.options)));
     }
   } catch (const std::exception& e) {
     plan.status = unused + factory->name() + " could not be made: " + e.what();
     return plan;
   }
-  std::string status = factory->name() + " on " + device->str() + ", " + describe_mode(wanted);
+  std::string status = factory->name() + " on " + device->str() + ", " + describe_mode(wanted) +
+                       ", field \"" + fields[image->field].name + "\"";
   try {
-    plan.stage = std::make_unique<GpuDecodeStage>(parts, std::move(decoders), *device, status);
+    plan.stage =
+        std::make_unique<GpuDecodeStage>(parts, image->field, std::move(decoders), *device, status);
   } catch (const std::exception& e) {  // the device rows did not fit, say
     plan.status = unused + "its device rows (" +
                   std::to_string(parts.options.slots * parts.options.batch_size *
-                                 images->fields().front().sample_bytes() / 1000000) +
+                                 fields[image->field].sample_bytes() / 1000000) +
                   " MB on " + device->str() + ") could not be allocated: " + e.what();
     return plan;
   }
@@ -84,23 +121,25 @@ GpuDecodeStage::Plan GpuDecodeStage::make(const Parts& parts,
   return plan;
 }
 
-GpuDecodeStage::GpuDecodeStage(const Parts& parts,
+GpuDecodeStage::GpuDecodeStage(const Parts& parts, size_t image_field,
                                std::vector<std::unique_ptr<DeviceImageDecoder>> decoders,
                                c10::Device device, std::string status)
-    : source_(dynamic_cast<ImageSource&>(parts.source)),
+    : source_(parts.source),
       filler_(parts.filler),
       meta_(parts.meta),
       completed_(parts.completed),
       options_(parts.options),
       order_(parts.order),
-      image_field_(0),  // ImageSource::fields(): image, label
+      image_field_(image_field),
       status_(std::move(status)),
       jobs_(parts.options.slots, parts.options.chunks_per_batch),
       chunk_decoders_(parts.options.chunks_per_batch, 0) {
   CONVEYOR_CHECK(!decoders.empty(), "a GPU decode stage has a decoder per thread");
   const std::vector<FieldSpec> fields = source_.fields();
-  CONVEYOR_CHECK(fields.size() == 2 && fields[image_field_].name == "image",
-                 "an ImageSource's fields are its image and its label");
+  if (image_field_ >= fields.size()) {  // make() checked it; a source that changed its mind
+    throw std::invalid_argument("conveyor: GPU decode's field " + std::to_string(image_field_) +
+                                " is not one of the source's " + std::to_string(fields.size()));
+  }
   std::vector<int64_t> shape = fields[image_field_].sample_shape;
   row_bytes_ = fields[image_field_].sample_bytes();
   shape.insert(shape.begin(), static_cast<int64_t>(options_.slots * options_.batch_size));
@@ -314,7 +353,7 @@ void GpuDecodeStage::read_images(DecodeThread& t) {
       const SampleContext context{t.worker, order_[base + r], options_.seed, meta.epoch};
       filler_.row_pointers(k.job.slot, r, fields.data());
       try {
-        const ImageSource::Encoded encoded =
+        const SampleSource::Encoded encoded =
             source_.read_encoded(context, t.buffers[t.images.size()], fields.data());
         t.images.push_back(GpuJpeg{encoded.data, encoded.size, context, {}});
         t.destinations.push_back(device_row_pointer(k.job.slot, position));
@@ -331,11 +370,22 @@ void GpuDecodeStage::decode_images(DecodeThread& t) {
   if (t.images.empty()) return;
   t.images.front().name = filler_.describe(t.images.front().context.index);  // for errors
   GpuDecodeResult result;
+  std::exception_ptr failure;
+  {
+    std::lock_guard<std::mutex> lock(device_mutex_);
+    ++calls_started_;
+  }
   try {
     result = t.decoder->decode(t.images.data(), t.images.size(), t.destinations.data());
-  } catch (...) {  // a CUDA or nvJPEG failure: the batches whose images it held fail
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  end_call(failure);
+  if (failure) {
+    // A CUDA or nvJPEG failure of the call, not of a file: its images are decoded on the CPU (the
+    // workers' policy then meets only the files that really fail), their rows from the host.
     failed_batches_.fetch_add(1, std::memory_order_relaxed);
-    fail_jobs(t, std::current_exception());
+    for (const auto& [i, r] : t.of) t.cpu.emplace_back(i, r);
     return;
   }
   t.refused.assign(t.images.size(), 0);
@@ -386,8 +436,7 @@ void GpuDecodeStage::decode_on_cpu(DecodeThread& t) {
 }
 
 void GpuDecodeStage::fail_jobs(DecodeThread& t, std::exception_ptr error) {
-  // Each live job's batch fails at the job's first image (its first GPU row without images: an
-  // error outside the decode).
+  // Each live job's batch fails at the job's first image (its first GPU row without images).
   for (size_t i = 0; i < t.taken.size(); ++i) {
     DecodeThread::Taken& k = t.taken[i];
     if (!k.live) continue;
@@ -399,13 +448,76 @@ void GpuDecodeStage::fail_jobs(DecodeThread& t, std::exception_ptr error) {
         break;
       }
     }
-    if (!row && !t.images.empty()) continue;  // a decode failure: this job had no image in it
     if (!row) {
       row = k.first;
       while (*row + 1 < k.last && meta.route[*row] != Decoder::kGpu) ++*row;
     }
     filler_.record_failure(meta, *row, order_[meta.sequence * options_.batch_size + *row], error);
     k.live = false;
+  }
+}
+
+void GpuDecodeStage::end_call(std::exception_ptr failure) noexcept {
+  std::exception_ptr lost;
+  if (failure) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const GpuDecodeError& e) {
+      if (e.context_lost()) {
+        try {
+          lost = std::make_exception_ptr(GpuDecodeError(
+              "conveyor: GPU decode (" + status_ + ") lost the device: " + e.what() +
+                  " (a sticky CUDA error: the device's CUDA context can no longer be used, so "
+                  "the loader cannot go on)",
+              e.error_name(), true));
+        } catch (...) {  // no memory for the message: the decoder's own error says enough
+          lost = failure;
+        }
+      }
+    } catch (...) {  // another error: the device is still usable
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(device_mutex_);
+    ++calls_ended_;
+    if (lost && !device_lost_) device_lost_ = lost;
+  }
+  device_changed_.notify_all();
+}
+
+void GpuDecodeStage::check() const {
+  std::exception_ptr lost;
+  {
+    std::lock_guard<std::mutex> lock(device_mutex_);
+    lost = device_lost_;
+  }
+  if (lost) std::rethrow_exception(lost);
+}
+
+std::exception_ptr GpuDecodeStage::explain(std::exception_ptr failure) const {
+  std::exception_ptr lost;
+  {
+    // A decode call under way may be failing with the error that failed the copy: wait for as
+    // many calls to end as had started (a sticky error ends them at once), a few seconds at most.
+    std::unique_lock<std::mutex> lock(device_mutex_);
+    const uint64_t started = calls_started_;
+    device_changed_.wait_for(lock, std::chrono::seconds(5),
+                             [&] { return calls_ended_ >= started || device_lost_ != nullptr; });
+    lost = device_lost_;
+  }
+  if (!lost || lost == failure) return failure;
+  try {
+    std::rethrow_exception(lost);
+  } catch (const GpuDecodeError& e) {
+    try {
+      return std::make_exception_ptr(GpuDecodeError(
+          std::string(e.what()) + "; the copy stage failed with it: " + exception_message(failure),
+          e.error_name(), true));
+    } catch (...) {
+      return lost;
+    }
+  } catch (...) {
+    return lost;
   }
 }
 

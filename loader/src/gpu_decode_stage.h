@@ -6,12 +6,22 @@
 // engine's JobQueue), a chunk with rows for the GPU a job in this stage's queue, and
 // SlotMeta::remaining counts both. Each of the stage's decode threads waits for a GPU job, takes
 // whatever other GPU jobs are queued (up to gpu_decode.max_batch images), reads their samples
-// (ImageSource::read_encoded, as worker number workers + its own number: the source is prepared
+// (SampleSource::read_encoded, as worker number workers + its own number: the source is prepared
 // for that many more workers), decodes them in one batched call of its own DeviceImageDecoder,
 // each image into its slot's device rows, and decodes on the CPU (BatchFiller::write_with_policy:
 // the workers' ErrorPolicy, substitutes and messages) whatever the device decoder refused or could
-// not read. When the consumer stages a batch's copy, device_rows() names the runs of rows already
-// on the device, which the copy engine copies over the host rows.
+// not read, and every image of a call that failed as a whole (a CUDA or nvJPEG error). When the
+// consumer stages a batch's copy, device_rows() names the runs of rows already on the device,
+// which the copy engine copies instead of those host rows.
+//
+// The field it writes is the one the source names through its capability
+// (SampleSource::encoded_image_field), whose bytes it reads with read_encoded(); a source without
+// one, or whose field does not fit its transform, gets no stage (make() says why).
+//
+// A decode call that fails with a sticky CUDA error (GpuDecodeError::context_lost) leaves the
+// device unusable: check() raises it from then on, and explain() turns the copy stage's own
+// failure that follows (the copy stream fails with the same error) into that error, so the user
+// learns that GPU decode lost the device, not only that the copy stream failed.
 //
 // Invariants:
 //   * The device rows of slot s ([s * batch_size, (s + 1) * batch_size) of one tensor on the copy
@@ -22,22 +32,28 @@
 //   * The GPU job of chunk c writes device rows from the chunk's first row on: its j-th image (in
 //     row order) at first + j, never past the chunk's last row; SlotMeta::device_row says which,
 //     for each of its rows, and is nullopt for a row it left to the CPU.
-//   * Every GPU job ends through BatchFiller::finish_job exactly once: decoded, cancelled, failed,
-//     or when the batched decode that held its images threw (its batch then fails, named by the
-//     job's first image). Under kAuto each is reported to the balancer once, as finished (decoded
-//     whole) or abandoned; a job taken back unstarted is reported by taken_back().
+//   * Every GPU job ends through BatchFiller::finish_job exactly once: decoded (on the device, or
+//     on the CPU when the device refused, could not read or failed the whole call), cancelled, or
+//     failed (a file that fails on the CPU too, under the policy; an error outside the decode,
+//     which fails its batch at the job's first image). Under kAuto each is reported to the
+//     balancer once, as finished (decoded whole) or abandoned; a job taken back unstarted is
+//     reported by taken_back().
 //   * stop() joins the decode threads before the engine's filler, metas, ring and source go; the
 //     stage (and its device rows) is destroyed after the copy stage, whose destruction waits for
 //     every copy that reads them.
-// Thread safety: route(), jobs(), taken_back(), device_rows() and stop() on the consumer thread;
-// the decode threads run the jobs; add_cpu_idle() on the workers; stats() from any thread.
+// Thread safety: route(), jobs(), taken_back(), device_rows(), check(), explain() and stop() on
+// the consumer thread; the decode threads run the jobs; add_cpu_idle() on the workers; stats()
+// from any thread.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -62,7 +78,7 @@ class GpuDecodeStage {
  public:
   // What the stage works with, owned by the engine and outliving the stage.
   struct Parts {
-    SampleSource& source;  // an ImageSource (make() checks), prepared for workers + threads
+    SampleSource& source;  // prepared for workers + threads
     BatchFiller& filler;
     std::vector<std::unique_ptr<SlotMeta>>& meta;
     IndexQueue& completed;  // where the job that ends a batch pushes its slot
@@ -71,18 +87,21 @@ class GpuDecodeStage {
   };
 
   // Whether GPU decode runs for a loader: the stage, or nullptr and why not (status), from the
-  // options, the source and the copy stage's device (none: the CPU path). A decoder or device
-  // rows that cannot be made are a reason to decode on the CPU (and say so), not an error.
+  // options, the source's capability and the copy stage's device (none: the CPU path). A source
+  // without a fitting encoded image field, a decoder or device rows that cannot be made are a
+  // reason to decode on the CPU (and say so), not an error.
   struct Plan {
     std::unique_ptr<GpuDecodeStage> stage;
     std::string status = "off";  // stats().gpu_decode.status
   };
   static Plan make(const Parts& parts, const std::optional<c10::Device>& device);
 
-  // One decoder per decode thread (gpu_decode.threads), each decoding into memory of `device`.
-  // Throws std::bad_cast for a source that is not an ImageSource.
-  GpuDecodeStage(const Parts& parts, std::vector<std::unique_ptr<DeviceImageDecoder>> decoders,
-                 c10::Device device, std::string status);
+  // One decoder per decode thread (gpu_decode.threads), each decoding field `image_field` (the
+  // source's encoded image field, checked by make()) into memory of `device`. Throws
+  // std::invalid_argument for a field the source does not have.
+  GpuDecodeStage(const Parts& parts, size_t image_field,
+                 std::vector<std::unique_ptr<DeviceImageDecoder>> decoders, c10::Device device,
+                 std::string status);
   ~GpuDecodeStage();  // stop()
   GpuDecodeStage(const GpuDecodeStage&) = delete;
   GpuDecodeStage& operator=(const GpuDecodeStage&) = delete;
@@ -103,6 +122,13 @@ class GpuDecodeStage {
   std::vector<DeviceRows> device_rows(uint32_t slot, const SlotMeta& meta) const;
   // Stops the decode threads (the queue closed; calls under way finish first). Idempotent.
   void stop();
+  // Throws the GpuDecodeError of a decode call that lost the device (a sticky CUDA error), once
+  // one has; nothing otherwise.
+  void check() const;
+  // The error to raise for `failure` (the copy stage's, say): GPU decode's loss of the device,
+  // naming `failure` too, when a decode call lost it (waiting, a few seconds at most, for the calls
+  // under way to end: one may be failing with the same error); otherwise `failure` itself.
+  std::exception_ptr explain(std::exception_ptr failure) const;
 
   // A worker waited `idle` for a job (GpuDecodeStats::cpu_idle_seconds).
   void add_cpu_idle(std::chrono::nanoseconds idle) {
@@ -152,16 +178,18 @@ class GpuDecodeStage {
   void decode_on_cpu(DecodeThread& t);
   // Records `error` as the failure of every live job of t that holds an image, and stops them.
   void fail_jobs(DecodeThread& t, std::exception_ptr error);
+  // A decode call ended, with `failure` (null: it returned): a sticky one is kept for check().
+  void end_call(std::exception_ptr failure) noexcept;
   uint8_t* device_row_pointer(uint32_t slot, size_t row) const;
   size_t chunk_rows(const Job& job, const SlotMeta& meta) const;
 
-  ImageSource& source_;
+  SampleSource& source_;
   BatchFiller& filler_;
   std::vector<std::unique_ptr<SlotMeta>>& meta_;
   IndexQueue& completed_;
   const ResolvedOptions& options_;
   const std::vector<size_t>& order_;
-  const size_t image_field_;  // the source's "image" field
+  const size_t image_field_;  // the source's encoded image field
   const std::string status_;
   at::Tensor device_rows_;  // [slots * batch_size, ...image shape] on the copy stage's device
   size_t row_bytes_ = 0;
@@ -171,6 +199,11 @@ class GpuDecodeStage {
 
   std::atomic<uint64_t> gpu_images_{0}, refused_count_{0}, cpu_images_{0}, failed_batches_{0};
   std::atomic<uint64_t> busy_ns_{0}, cpu_idle_ns_{0};
+  // Decode calls started and ended, and the error of the first that lost the device.
+  mutable std::mutex device_mutex_;
+  mutable std::condition_variable device_changed_;
+  uint64_t calls_started_ = 0, calls_ended_ = 0;
+  std::exception_ptr device_lost_;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 
   std::vector<std::unique_ptr<DecodeThread>> threads_;  // last: their threads use all of the above

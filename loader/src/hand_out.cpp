@@ -124,24 +124,36 @@ DataLoader::Poll DataLoader::Impl::poll_until(Clock::time_point deadline) {
     return result;
   };
   if (stager_) {
-    if (deferred_failure_) std::rethrow_exception(std::exchange(deferred_failure_, nullptr));
-    stager_->engine().check();  // a lost slot or a sticky CUDA error shows at the next batch
-    stage_copies(until);
-    if (stager_->empty()) return nothing_yet();
-    detail::DeviceStager::Delivered delivered = stager_->deliver();
-    ++next_sequence_;
-    waiting_since_.reset();
-    if (delivered.failure) std::rethrow_exception(delivered.failure);
     try {
-      stage_copies(Clock::time_point::min());  // keep the device prefetch_factor batches ahead
+      if (gpu_) gpu_->check();  // GPU decode lost the device: no copy can succeed either
+      if (deferred_failure_) std::rethrow_exception(std::exchange(deferred_failure_, nullptr));
+      stager_->engine().check();  // a lost slot or a sticky CUDA error shows at the next batch
+      stage_copies(until);
+      if (stager_->empty()) return nothing_yet();
+      detail::DeviceStager::Delivered delivered = stager_->deliver();
+      ++next_sequence_;
+      waiting_since_.reset();
+      if (delivered.failure) std::rethrow_exception(delivered.failure);
+      try {
+        stage_copies(Clock::time_point::min());  // keep the device prefetch_factor batches ahead
+      } catch (...) {
+        deferred_failure_ = std::current_exception();  // this batch is good: report it next time
+      }
+      ++batches_;
+      samples_ += delivered.batch->size();
+      tune();
+      result.batch = std::move(delivered.batch);
+      return result;
+    } catch (const SampleError&) {  // a sample's own failure: GPU decode has nothing to add
+      throw;
+    } catch (const GpuDecodeError&) {  // GPU decode's own (check()): it says it all
+      throw;
     } catch (...) {
-      deferred_failure_ = std::current_exception();  // this batch is good: report it next time
+      // A copy stage that fails after GPU decode lost the device (a sticky CUDA error) fails with
+      // its error: the user learns of GPU decode's, naming both.
+      if (gpu_) std::rethrow_exception(gpu_->explain(std::current_exception()));
+      throw;
     }
-    ++batches_;
-    samples_ += delivered.batch->size();
-    tune();
-    result.batch = std::move(delivered.batch);
-    return result;
   }
   const std::optional<uint32_t> slot = take_next(until);
   if (!slot) return nothing_yet();

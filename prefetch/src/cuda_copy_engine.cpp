@@ -202,13 +202,23 @@ class CudaCopyEngine : public CopyEngine {
       fence = std::make_shared<CudaCopyFence>(fences_, device_.index());
       copy.tensors.reserve(host.size());
       for (const auto& h : host) {
-        at::Tensor d = at::empty(h.sizes(), h.options().device(device_).pinned_memory(false));
-        check_cuda(cudaMemcpyAsync(d.data_ptr(), h.data_ptr(), h.nbytes(), cudaMemcpyHostToDevice,
-                                   stream_.stream()),
-                   "cudaMemcpyAsync of a batch to " + device_.str());
-        copy.tensors.push_back(std::move(d));
+        copy.tensors.push_back(
+            at::empty(h.sizes(), h.options().device(device_).pinned_memory(false)));
       }
-      // Rows decoded on the device replace what the host slot held for them (stream order).
+      // From the host only the rows not decoded on the device.
+      for (const HostRows& run : host_rows(host, on_device)) {
+        const at::Tensor& h = host[run.field];
+        const size_t row_bytes =
+            h.dim() == 0 ? h.nbytes() : h.nbytes() / static_cast<size_t>(h.size(0));
+        const size_t offset = static_cast<size_t>(run.first_row) * row_bytes;
+        check_cuda(
+            cudaMemcpyAsync(static_cast<std::byte*>(copy.tensors[run.field].data_ptr()) + offset,
+                            static_cast<const std::byte*>(h.data_ptr()) + offset,
+                            static_cast<size_t>(run.rows) * row_bytes, cudaMemcpyHostToDevice,
+                            stream_.stream()),
+            "cudaMemcpyAsync of a batch to " + device_.str());
+      }
+      // Rows decoded on the device, device to device.
       for (const DeviceRows& rows : on_device) {
         const at::Tensor& d = copy.tensors[rows.field];
         const size_t row_bytes = d.nbytes() / static_cast<size_t>(d.size(0));

@@ -1,7 +1,10 @@
-// check_device_rows (conveyor/prefetch.h): the one check of the rows GPU decode left on the
-// device, before a copy engine queues anything.
+// check_device_rows and host_rows (conveyor/prefetch.h): the one check of the rows GPU decode
+// left on the device, before a copy engine queues anything, and the one rule of which rows come
+// from the host.
+#include <algorithm>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "conveyor/prefetch.h"
 
@@ -35,6 +38,27 @@ void check_device_rows(const std::vector<at::Tensor>& host,
                                   device.str());
     }
   }
+}
+
+std::vector<HostRows> host_rows(const std::vector<at::Tensor>& host,
+                                const std::vector<DeviceRows>& on_device) {
+  std::vector<HostRows> runs;
+  std::vector<std::pair<int64_t, int64_t>> replaced;  // one field's [first, last) from the device
+  for (size_t f = 0; f < host.size(); ++f) {
+    const int64_t rows = host[f].dim() == 0 ? 1 : host[f].size(0);
+    replaced.clear();
+    for (const DeviceRows& d : on_device) {
+      if (d.field == f) replaced.emplace_back(d.first_row, d.first_row + d.rows.size(0));
+    }
+    std::sort(replaced.begin(), replaced.end());
+    int64_t next = 0;  // the first row not yet placed in a run or replaced
+    for (const auto& [first, last] : replaced) {
+      if (first > next) runs.push_back(HostRows{f, next, first - next});
+      next = std::max(next, last);
+    }
+    if (next < rows) runs.push_back(HostRows{f, next, rows - next});
+  }
+  return runs;
 }
 
 }  // namespace conveyor

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,35 @@ struct SampleContext {
   size_t index = 0;    // dataset index
   uint64_t seed = 0;   // loader seed
   uint64_t epoch = 0;  // current epoch
+};
+
+enum class ImageLayout { kCHW, kHWC };
+
+// How each decoded image becomes a fixed-size uint8 RGB row.
+struct ImageTransform {
+  enum class Mode {
+    kRandomResizedCrop,  // torchvision RandomResizedCrop(size, scale, ratio), training
+    kResizeCenterCrop,   // Resize(resize) of the shorter side, then CenterCrop(size), evaluation
+    kResize,             // the whole image resized to size x size (aspect not kept)
+  };
+  Mode mode = Mode::kRandomResizedCrop;
+  int size = 224;           // output height and width
+  int resize = 256;         // shorter side before the center crop (kResizeCenterCrop)
+  double scale_min = 0.08;  // RandomResizedCrop area fraction range
+  double scale_max = 1.0;
+  double ratio_min = 3.0 / 4.0;  // RandomResizedCrop aspect ratio range
+  double ratio_max = 4.0 / 3.0;
+  double flip_probability = 0.5;  // horizontal flip (0 disables)
+  ImageLayout layout = ImageLayout::kCHW;
+  DecodeLimits limits;  // rejects decompression bombs before allocating
+  // Honour the EXIF orientation tag: the crop is chosen in, and the output shows, the upright
+  // image. Off by default, as torchvision's decode_jpeg and PIL's open leave it to the caller.
+  bool exif_orientation = false;
+  // The DCT scales the crop may be decoded at before the resize (DecodeOptions::dct_scales).
+  unsigned dct_scales = kSimdDctScales;
+
+  static ImageTransform train(int size = 224);
+  static ImageTransform eval(int size = 224, int resize = 256);
 };
 
 class SampleSource {
@@ -83,35 +113,32 @@ class SampleSource {
     (void)indices;
     (void)count;
   }
-};
 
-enum class ImageLayout { kCHW, kHWC };
-
-// How each decoded image becomes a fixed-size uint8 RGB row.
-struct ImageTransform {
-  enum class Mode {
-    kRandomResizedCrop,  // torchvision RandomResizedCrop(size, scale, ratio), training
-    kResizeCenterCrop,   // Resize(resize) of the shorter side, then CenterCrop(size), evaluation
-    kResize,             // the whole image resized to size x size (aspect not kept)
+  // A capability, for a decoder outside the source (the loader's GPU decode,
+  // LoaderOptions::gpu_decode): field `field` of every sample is a JPEG file decoded and
+  // transformed as `transform` says (uint8, [3,S,S] for kCHW or [S,S,3] for kHWC, S =
+  // transform.size), so such a decoder may write it from the file's bytes, which
+  // read_encoded() gives, instead of write_sample(). Its rows must then equal what write_sample()
+  // writes (up to the decoders' rounding).
+  struct EncodedImageField {
+    size_t field = 0;  // an index into fields()
+    ImageTransform transform;
   };
-  Mode mode = Mode::kRandomResizedCrop;
-  int size = 224;           // output height and width
-  int resize = 256;         // shorter side before the center crop (kResizeCenterCrop)
-  double scale_min = 0.08;  // RandomResizedCrop area fraction range
-  double scale_max = 1.0;
-  double ratio_min = 3.0 / 4.0;  // RandomResizedCrop aspect ratio range
-  double ratio_max = 4.0 / 3.0;
-  double flip_probability = 0.5;  // horizontal flip (0 disables)
-  ImageLayout layout = ImageLayout::kCHW;
-  DecodeLimits limits;  // rejects decompression bombs before allocating
-  // Honour the EXIF orientation tag: the crop is chosen in, and the output shows, the upright
-  // image. Off by default, as torchvision's decode_jpeg and PIL's open leave it to the caller.
-  bool exif_orientation = false;
-  // The DCT scales the crop may be decoded at before the resize (DecodeOptions::dct_scales).
-  unsigned dct_scales = kSimdDctScales;
-
-  static ImageTransform train(int size = 224);
-  static ImageTransform eval(int size = 224, int resize = 256);
+  // The field a device decoder may write, if any. The default: none (GPU decode then leaves the
+  // whole sample to write_sample(), and says why).
+  virtual std::optional<EncodedImageField> encoded_image_field() const { return std::nullopt; }
+  // Sample ctx.index's encoded bytes for the field encoded_image_field() names, not decoded, with
+  // every other field written as write_sample() writes it (that field's pointer is not written).
+  // The bytes are in `buffer` (its capacity reused) or in memory the source holds, valid until
+  // `buffer` is used again or the source is destroyed. The same worker rules and errors as
+  // write_sample() (the message names the sample). The default throws std::logic_error (a source
+  // without the capability).
+  struct Encoded {
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+  };
+  virtual Encoded read_encoded(const SampleContext& ctx, std::vector<uint8_t>& buffer,
+                               std::byte* const* fields);
 };
 
 // A crop box in source pixels.
@@ -282,18 +309,13 @@ class ImageSource : public SampleSource {
   // samples' Range requests at once, on the worker's own connections.
   void will_write(size_t worker, const size_t* indices, size_t count) override;
 
-  // For a decoder outside the source (the loader's GPU decode): sample ctx.index's encoded bytes,
-  // not decoded, with its other fields written (fields[1], the label, as write_sample() writes
-  // it; fields[0], the image, untouched). The bytes are in `buffer` (its capacity reused) or in
-  // memory the source holds, valid until `buffer` is used again or the source is destroyed. Reads
-  // as write_sample() does (the same worker rules, the same errors naming the file), and counts
-  // its read time; the decode is the caller's.
-  struct Encoded {
-    const uint8_t* data = nullptr;
-    size_t size = 0;
-  };
+  // The capability (SampleSource::encoded_image_field): "image" (field 0) is the source's
+  // transform of each file. read_encoded() writes the label (fields[1]) as write_sample() does,
+  // leaves fields[0] untouched, reads as write_sample() does (the same errors naming the file) and
+  // counts its read time; the decode is the caller's.
+  std::optional<EncodedImageField> encoded_image_field() const override;
   Encoded read_encoded(const SampleContext& ctx, std::vector<uint8_t>& buffer,
-                       std::byte* const* fields);
+                       std::byte* const* fields) override;
 
   const std::vector<ImageItem>& items() const;
   const std::vector<std::string>& classes() const;

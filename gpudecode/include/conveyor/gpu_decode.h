@@ -22,9 +22,10 @@
 // Requires: GpuCropDecoder needs gpu_decode_status().available; one decoder per thread.
 // Guarantees: every nvJPEG and CUDA handle is owned (released by the destructors). A corrupt file
 // fails only its own sample, with a message naming the file; a CUDA or nvJPEG failure of the
-// batched decode throws GpuDecodeError (the error's name, the device, the batch's first file),
-// fails that batch only, and leaves the decoder usable for the next batch unless CUDA's error is
-// sticky. This header compiles as C++17 and includes no CUDA or nvJPEG header.
+// batched decode throws GpuDecodeError (the error's name, the device, the batch's first file,
+// and whether the error is sticky), and leaves the decoder usable for the next batch unless
+// CUDA's error is sticky (GpuDecodeError::context_lost). The loader decodes the images of such a
+// call on the CPU. This header compiles as C++17 and includes no CUDA or nvJPEG header.
 #pragma once
 
 #include <cstddef>
@@ -77,15 +78,19 @@ struct HardwareRoute {
 // Throws JpegError when `data` is not a JPEG whose header libjpeg-turbo reads.
 HardwareRoute hardware_route(const uint8_t* data, size_t size);
 
-// The batched decode failed on the GPU (a CUDA or nvJPEG error), failing the whole batch.
+// The batched decode failed on the GPU (a CUDA or nvJPEG error), failing the whole call.
 class GpuDecodeError : public std::runtime_error {
  public:
-  GpuDecodeError(const std::string& what, std::string error_name);
+  // `context_lost`: the error is sticky (an illegal address, a device-side assert, ...): the
+  // device's CUDA context can no longer be used, so every later CUDA call on it fails too.
+  GpuDecodeError(const std::string& what, std::string error_name, bool context_lost = false);
   // The CUDA error's or nvJPEG status's name, e.g. "cudaErrorIllegalAddress".
   const std::string& error_name() const { return error_name_; }
+  bool context_lost() const { return context_lost_; }
 
  private:
   std::string error_name_;
+  bool context_lost_ = false;
 };
 
 // One JPEG file of a batch: its bytes (host memory, valid during decode()), the sample it is
@@ -169,7 +174,9 @@ class GpuCropDecoder {
 // out as transform.layout says) and returns once those rows are written, so that any stream may
 // read them afterwards; it reports the images it left to the CPU and the files it could not read
 // (their rows unwritten) as GpuCropDecoder::decode does, and throws GpuDecodeError when the batch
-// fails on the device. count is at most the max_batch the decoder was made for.
+// fails on the device (with context_lost() when the device can no longer be used: the loader then
+// raises that error instead of going on). count is at most the max_batch the decoder was made
+// for.
 class DeviceImageDecoder {
  public:
   virtual ~DeviceImageDecoder() = default;

@@ -167,18 +167,21 @@ inline constexpr size_t kAutoWorkers = SIZE_MAX;
 
 class DeviceDecoderFactory;  // conveyor/gpu_decode.h
 
-// GPU decode: an ImageSource's JPEGs decoded on the GPU's hardware JPEG engines (nvJPEG's
-// hardware backend on an A100, H100 or H200) as well as by the workers, each image straight into
-// the batch's device memory with the same crop box (choose_crop) as the CPU path. Off by default.
-// It needs the CUDA copy stage (a CUDA device) and an ImageSource; where GPU decode cannot run
-// (no libnvjpeg.so.13, no CUDA device, no hardware engine, a CPU device, another kind of source)
-// the loader decodes everything on the CPU exactly as with kOff, and mode() and
+// GPU decode: the JPEGs of a source's image field decoded on the GPU's hardware JPEG engines
+// (nvJPEG's hardware backend on an A100, H100 or H200) as well as by the workers, each image
+// straight into the batch's device memory with the same crop box (choose_crop) as the CPU path.
+// Off by default. It needs the CUDA copy stage (a CUDA device) and a source that offers a field
+// (SampleSource::encoded_image_field: an ImageSource's "image"); where GPU decode cannot run (no
+// libnvjpeg.so.13, no CUDA device, no hardware engine, a CPU device, a source without a fitting
+// field) the loader decodes everything on the CPU exactly as with kOff, and mode() and
 // stats().gpu_decode.status say why. Decode threads of the loader's (`threads`) drive the
 // engines, each call a batch of up to `max_batch` images from the chunks queued for them. Files
 // the hardware refuses (progressive, arithmetic-coded, CMYK, YCCK, 4:1:1, 4:1:0) and files it
 // cannot read are decoded on the CPU, so errors, the skip policy and their messages are the CPU
-// path's. A CUDA or nvJPEG failure of a batched decode fails the batches whose images it held
-// (SampleError naming the first of them, with the error's name), not the process. Pixels differ
+// path's. A CUDA or nvJPEG failure of a batched decode call decodes its images on the CPU
+// instead, so only a file that really fails meets on_error; a sticky one (the device is lost) is
+// raised as a GpuDecodeError naming GPU decode and the error. The copy takes from the host only
+// the rows the CPU wrote: rows decoded on the GPU never cross PCIe. Pixels differ
 // between the decoders only by their IDCT and chroma upsampling (GpuCropDecoder::kMaxAbsDiff,
 // kMinPsnr); each decoder is bit-exact on its own. Device memory: slots x batch_size images.
 struct GpuDecode {
@@ -332,7 +335,9 @@ struct GpuDecodeStats {
   // Of the images sent to the device decoder, those it left to the CPU: files the hardware does
   // not take, files it could not read (the CPU path then names the error), and substitutes.
   uint64_t refused = 0;
-  uint64_t failed_batches = 0;  // batched decodes that failed on the device (CUDA or nvJPEG)
+  // Batched decode calls that failed on the device (CUDA or nvJPEG), their images then decoded on
+  // the CPU.
+  uint64_t failed_batches = 0;
   double gpu_busy_seconds = 0;  // the decode threads' time on chunks, summed over them
   double gpu_idle_seconds = 0;  // the decode threads' time waiting for chunks, summed
   double cpu_idle_seconds = 0;  // the workers' time waiting for a chunk, summed over workers

@@ -81,11 +81,24 @@ struct DeviceRows {
 void check_device_rows(const std::vector<at::Tensor>& host,
                        const std::vector<DeviceRows>& on_device, const c10::Device& device);
 
+// The runs of host rows a copy engine copies, for `host` and `on_device` that passed
+// check_device_rows: for each field, the rows no entry of `on_device` replaces, in field then row
+// order, each run as long as it can be. So rows decoded on the device never cross PCIe, and a
+// field whose rows all came from the device has no run at all.
+struct HostRows {
+  size_t field = 0;
+  int64_t first_row = 0;
+  int64_t rows = 0;
+};
+std::vector<HostRows> host_rows(const std::vector<at::Tensor>& host,
+                                const std::vector<DeviceRows>& on_device);
+
 class CopyEngine {
  public:
   virtual ~CopyEngine() = default;
-  // Starts copying `host` to the engine's device, then `on_device` over the rows they name (in
-  // stream order, before the fence: a batch's rows are final when its fence is). `slot_event` is
+  // Starts copying the batch to the engine's device: into a fresh tensor per field, the runs of
+  // `host` rows that host_rows() names, and `on_device` into the rows they name (all before the
+  // fence: a batch's rows are final when its fence is). `slot_event` is
   // the slot ring's CUDA event for this slot, recorded after the copies so that the ring never
   // frees memory a copy still reads (the host slot, and the device rows of GPU decode, which
   // belong to the slot too); null when there is none (pageable memory, host-side engines).
