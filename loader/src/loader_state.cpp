@@ -75,8 +75,7 @@ class Parser {
         }
         state.set_list(key, std::move(list));
       } else {
-        fail("'" + key + "' has the unknown type '" + detail::printable(std::string(1, type)) +
-             "' (i, s or l)");
+        fail("'" + key + "' has the unknown type " + quoted(type) + " (i, s or l)");
       }
       expect('\n', "at the end of '" + key + "'");
     }
@@ -97,12 +96,19 @@ class Parser {
 
   void expect(char wanted, const std::string& where) {
     const size_t at = at_;
-    const char got = next_byte("'" + detail::printable(std::string(1, wanted)) + "' " + where);
+    const char got = next_byte(quoted(wanted) + " " + where);
     if (got != wanted) {
       at_ = at;
-      fail("'" + detail::printable(std::string(1, wanted)) + "' should come " + where + ", not '" +
-           detail::printable(std::string(1, got)) + "'");
+      fail(quoted(wanted) + " should come " + where + ", not " + quoted(got));
     }
+  }
+
+  // 'c', escaped. (Built by appends: GCC 12's -Wrestrict misreads "'" + a short string at -O3.)
+  static std::string quoted(char c) {
+    std::string out(1, '\'');
+    out += detail::printable(std::string_view(&c, 1));
+    out += '\'';
+    return out;
   }
 
   std::string read_key() {
@@ -211,14 +217,21 @@ std::string LoaderState::serialize() const {
   for (const auto& [key, value] : values_) {
     out += key;
     if (const auto* number = std::get_if<int64_t>(&value)) {
-      out += " i " + std::to_string(*number);
+      out += " i ";
+      out += std::to_string(*number);
     } else if (const auto* text = std::get_if<std::string>(&value)) {
-      out += " s " + std::to_string(text->size()) + ":";
+      out += " s ";
+      out += std::to_string(text->size());
+      out += ':';
       out += *text;
     } else {
       const auto& list = std::get<std::vector<int64_t>>(value);
-      out += " l " + std::to_string(list.size());
-      for (const int64_t v : list) out += " " + std::to_string(v);
+      out += " l ";
+      out += std::to_string(list.size());
+      for (const int64_t v : list) {
+        out += ' ';
+        out += std::to_string(v);
+      }
     }
     out += '\n';
   }
