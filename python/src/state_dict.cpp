@@ -47,8 +47,9 @@ std::string type_name(const py::handle& value) {
 }  // namespace
 
 py::dict save_state(const DataLoader& loader) {
+  const LoaderState saved = loader.state();  // held: values() refers into it
   py::dict state;
-  for (const auto& [key, value] : loader.state().values()) {
+  for (const auto& [key, value] : saved.values()) {
     if (const auto* number = std::get_if<int64_t>(&value)) {
       state[py::str(key)] = py::int_(*number);
     } else if (const auto* text = std::get_if<std::string>(&value)) {
