@@ -1,12 +1,20 @@
 // Checkpoints (issue 11): DataLoader::save/load resumes mid-epoch bit-exactly whatever the workers,
 // chunk size or prefetch depth; refuses a checkpoint that does not fit, naming the field; and
-// shares the rest of an epoch out over another number of ranks (elastic resume).
+// shares the rest of an epoch out over another number of ranks (elastic resume). Issue 29: the
+// same through DataLoader::state()/load_state() and LoaderState's byte form, which execute
+// nothing; malformed bytes and numbers out of range are refused naming the field.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
+#include <sstream>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include <torch/serialize.h>
@@ -187,6 +195,219 @@ TEST(Resume, SavingMidEpochWithoutOrderingIsRefused) {
   (void)loader.next();
   torch::serialize::OutputArchive archive;
   EXPECT_THROW(loader.save(archive), std::logic_error);
+}
+
+// --- The plain state (issue 29): DataLoader::state()/load_state() and LoaderState's byte form.
+
+// A message that names `field` and is short (a state's data is quoted bounded).
+void expect_refused(const std::function<void()>& body, const std::vector<std::string>& names,
+                    const std::string& where) {
+  try {
+    body();
+    ADD_FAILURE() << where << ": accepted";
+  } catch (const std::invalid_argument& e) {
+    const std::string message = e.what();
+    for (const std::string& name : names) {
+      EXPECT_NE(message.find(name), std::string::npos) << where << ": " << message;
+    }
+    EXPECT_LT(message.size(), 600u) << where << ": " << message.substr(0, 600);
+  }
+}
+
+// Every save point of two epochs of augmented JPEGs, through state().serialize() and parse():
+// byte-identical to an uninterrupted run, with other workers and chunks; and the archive carries
+// the same values.
+TEST(ResumeState, TheByteFormResumesBitExactlyAtEverySavePoint) {
+  TempDir dir;
+  testing::make_small_folder(dir.path(), {"a", "b", "c"}, 6, 48, 40);  // 18 images: 5 batches
+  auto source = [&] { return ImageSource::image_folder(dir.path(), ImageTransform::train(24)); };
+  std::vector<Received> reference;
+  {
+    DataLoader loader(source(), config(2, 0), RandomSampler::make(7));
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (Batch& b : loader) reference.push_back(copy_of(b));
+    }
+  }
+  const size_t per_epoch = reference.size() / 2;
+  for (size_t k = 0; k <= per_epoch; ++k) {
+    const std::string where = "saved after " + std::to_string(k) + " batches";
+    std::string bytes;
+    {
+      DataLoader first(source(), config(2, 8), RandomSampler::make(7));
+      if (k > 0) {
+        auto it = first.begin();
+        for (size_t i = 1; i < k; ++i) ++it;
+      }
+      const LoaderState state = first.state();
+      bytes = state.serialize();
+      EXPECT_EQ(LoaderState::parse(bytes), state) << where;
+      // The archive is another carrier of the same values.
+      DataLoader other(source(), config(1, 1), RandomSampler::make(7));
+      load_from_string(other, save_to_string(first));
+      EXPECT_EQ(other.state(), state) << where;
+    }
+    DataLoader resumed(source(), config(4, 1), RandomSampler::make(7));
+    resumed.load_state(LoaderState::parse(bytes));
+    size_t next = k;
+    for (int epoch = 0; epoch < 2 && next < reference.size(); ++epoch) {
+      for (Batch& b : resumed) {
+        ASSERT_LT(next, reference.size()) << where;
+        expect_identical(copy_of(b), reference[next], where + ", batch " + std::to_string(next));
+        ++next;
+      }
+    }
+    EXPECT_EQ(next, reference.size()) << where;
+  }
+}
+
+TEST(ResumeState, MalformedBytesAreAClearErrorNamingWhatIsWrong) {
+  const std::string header = "conveyor-loader-state 1\n";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> cases{
+      {"", {"start"}},
+      {"conveyor-loader-state 2\nepoch i 1\n", {"start"}},
+      {header + "epoch x 1\n", {"epoch", "unknown type"}},
+      {header + "epoch i 9223372036854775808\n", {"epoch", "range"}},
+      {header + "epoch i -9223372036854775809\n", {"epoch", "range"}},
+      {header + "epoch i 99999999999999999999999\n", {"epoch", "range"}},
+      {header + "epoch i 12a\n", {"epoch"}},
+      {header + "epoch i 012\n", {"epoch", "leading zeros"}},
+      {header + "epoch i\n", {"epoch"}},
+      {header + "epoch i 1\nepoch i 2\n", {"epoch", "twice"}},
+      {header + "ep\x1boch i 1\n", {"key"}},
+      {header + std::string(65, 'k') + " i 1\n", {"key"}},
+      {header + "sampler s 99999999999:x\n", {"sampler", "4096"}},
+      {header + "sampler s 100:random\n", {"sampler", "claims 100 bytes"}},
+      {header + "sampler s 6:random", {"sampler", "end"}},
+      {header + "order l 1000000000000 1\n", {"order", "claims 1000000000000 integers"}},
+      {header + "order l 2 1\n", {"order"}},
+      {header + "epoch i 1\ntrailing", {"key"}},
+  };
+  for (const auto& [bytes, names] : cases) {
+    expect_refused([&] { (void)LoaderState::parse(bytes); }, names,
+                   "'" + bytes.substr(0, 60) + "'");
+  }
+  // Keys and strings set directly are held to the same limits.
+  LoaderState state;
+  expect_refused([&] { state.set_string("sampler", std::string(size_t{64} << 20, 'x')); },
+                 {"sampler", "4096"}, "a 64 MB string");
+  expect_refused([&] { state.set_int(std::string(size_t{1} << 20, '\n'), 1); }, {"key"},
+                 "a 1 MB key");
+  for (size_t i = 0; i < LoaderState::kMaxEntries; ++i) state.set_int("k" + std::to_string(i), 1);
+  expect_refused([&] { state.set_int("one_more", 1); }, {"one_more"}, "too many entries");
+}
+
+// A loader's state cut short anywhere is refused by parse() or by load_state() (a cut at the end
+// of a line is a state without the keys after it), never accepted whole, never a crash.
+TEST(ResumeState, EveryTruncationOfAStateIsRefused) {
+  const LoaderOptions o = config(2, 0);
+  std::string bytes;
+  {
+    DataLoader first(std::make_shared<IndexSource>(40), o, DistributedSampler::make(1, 2, true, 7));
+    (void)first.next();
+    bytes = first.state().serialize();
+  }
+  DataLoader loader(std::make_shared<IndexSource>(40), o, DistributedSampler::make(1, 2, true, 7));
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_THROW(loader.load_state(LoaderState::parse(bytes.substr(0, cut))), std::invalid_argument)
+        << "cut at byte " << cut;
+  }
+  loader.load_state(LoaderState::parse(bytes));
+  EXPECT_EQ(loader.next()->sequence, 1u);
+}
+
+// Every number of a state is checked against what it can mean before it is used: a world size
+// of 2^62 used to overflow the elastic resume's product and replay the whole epoch.
+TEST(ResumeState, NumbersOutOfRangeAreRefusedNamingTheFieldAndValue) {
+  const LoaderOptions o = config(2, 0);
+  LoaderState saved;
+  {
+    DataLoader first(std::make_shared<IndexSource>(40), o, RandomSampler::make(7));
+    (void)first.next();
+    (void)first.next();
+    saved = first.state();
+  }
+  auto with = [&](const std::string& key, int64_t value) {
+    LoaderState state = saved;
+    state.set_int(key, value);
+    return state;
+  };
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  const std::vector<std::tuple<std::string, int64_t, std::string>> cases{
+      {"order_world_size", int64_t{1} << 62, "4611686018427387904"},
+      {"order_world_size", 0, "0"},
+      {"order_world_size", (int64_t{1} << 24) + 1, "16777217"},
+      {"epoch", -1, "-1"},
+      {"order_base", -1, "-1"},
+      {"order_base", 41, "41"},
+      {"batches_received", -1, "-1"},
+      {"epoch_complete", 2, "2"},
+  };
+  for (const auto& [key, value, shown] : cases) {
+    DataLoader loader(std::make_shared<IndexSource>(40), o, RandomSampler::make(7));
+    expect_refused([&] { loader.load_state(with(key, value)); }, {key, shown},
+                   key + " = " + std::to_string(value));
+    EXPECT_EQ(loader.next()->sequence, 0u) << key << ": the loader is unchanged";
+  }
+  {  // a complete epoch at the last epoch has no next one
+    LoaderState state = with("epoch", max);
+    state.set_int("epoch_complete", 1);
+    DataLoader loader(std::make_shared<IndexSource>(40), o, RandomSampler::make(7));
+    expect_refused([&] { loader.load_state(state); }, {"epoch", std::to_string(max)},
+                   "a complete last epoch");
+  }
+  {  // more batches than this loader's own order holds: refused when the epoch would start
+    DataLoader loader(std::make_shared<IndexSource>(40), o, RandomSampler::make(7));
+    loader.load_state(with("batches_received", max));
+    expect_refused([&] { loader.start_epoch(); }, {"batches_received", std::to_string(max), "10"},
+                   "batches_received past the order");
+  }
+}
+
+TEST(ResumeState, AnElasticStateIsCheckedAgainstTheSavedRanksShares) {
+  const LoaderOptions o = config(2, 0);
+  LoaderState saved;  // rank 1 of 3, 2 batches of 4 received: 8 of 60 consumed per rank
+  {
+    DataLoader first(std::make_shared<IndexSource>(60), o, DistributedSampler::make(1, 3, true, 7));
+    (void)first.next();
+    (void)first.next();
+    saved = first.state();
+  }
+  // Each of 3 ranks had 20 samples: 5 batches at most.
+  LoaderState state = saved;
+  state.set_int("batches_received", 6);
+  DataLoader two_ranks(std::make_shared<IndexSource>(60), o,
+                       DistributedSampler::make(0, 2, true, 7));
+  expect_refused([&] { two_ranks.load_state(state); }, {"batches_received", "6", "5"},
+                 "6 batches of 3 ranks' shares");
+  state.set_int("batches_received", 5);  // every rank done: nothing left to share out
+  two_ranks.load_state(state);
+  EXPECT_FALSE(two_ranks.next().has_value());
+  // The sampler's own world and rank are a world and a rank.
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, int64_t>>{{"sampler_world_size", 0},
+                                                    {"sampler_world_size", int64_t{1} << 62},
+                                                    {"sampler_rank", 3},
+                                                    {"sampler_rank", -1}}) {
+    LoaderState bad = saved;
+    bad.set_int(key, value);
+    expect_refused([&] { two_ranks.load_state(bad); }, {key, std::to_string(value)},
+                   key + " = " + std::to_string(value));
+  }
+  EXPECT_THROW(DistributedSampler(0, DistributedSampler::kMaxWorldSize + 1), std::invalid_argument);
+}
+
+// The archive carrier reads every attribute through the same checks: one of another kind is
+// refused naming it.
+TEST(ResumeState, AnArchiveAttributeOfAnotherKindIsRefusedNamingIt) {
+  DataLoader first(std::make_shared<IndexSource>(40), config(2, 0), RandomSampler::make(7));
+  torch::serialize::OutputArchive archive;
+  first.save(archive);
+  archive.write("unexpected", c10::IValue(1.5));
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  DataLoader loader(std::make_shared<IndexSource>(40), config(2, 0), RandomSampler::make(7));
+  expect_refused([&] { load_from_string(loader, bytes.str()); }, {"unexpected", "Double"},
+                 "a double attribute");
 }
 
 // --- Distributed: the same world resumes bit-exactly; another world shares out the rest.

@@ -1,26 +1,41 @@
-// loader/src/checkpoint.h (detail): reading and writing a loader's position in a torch archive.
+// loader/src/checkpoint.h (detail): reading and writing a loader's position as a LoaderState,
+// and the torch archive that carries one.
 //
-// Every value is a named int64 or string attribute of the archive (torch::serialize's own
-// convention, as torch's samplers use). Reads name the missing or mismatched field in a
-// std::invalid_argument, so a checkpoint that does not fit is refused before anything changes.
+// One reader of the fields for both carriers: DataLoader::load_state() reads a LoaderState, and
+// DataLoader::load() turns an archive into one first (read_archive). Every read names the
+// missing, mistyped or out-of-range field (and its value, quoted through printable()) in a
+// std::invalid_argument, so a state that does not fit is refused before anything changes and
+// before any of its numbers enters arithmetic.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <torch/serialize/archive.h>
+
+#include "conveyor/loader.h"
 
 namespace conveyor::detail {
 
 // The position format's version; load() refuses another one.
 constexpr int64_t kCheckpointVersion = 1;
 
-void write_int(torch::serialize::OutputArchive& archive, const std::string& key, int64_t value);
-void write_string(torch::serialize::OutputArchive& archive, const std::string& key,
-                  const std::string& value);
-int64_t read_int(torch::serialize::InputArchive& archive, const std::string& key);
-std::string read_string(torch::serialize::InputArchive& archive, const std::string& key);
+int64_t read_int(const LoaderState& state, const std::string& key);
+// read_int() in [min, max], or std::invalid_argument "the checkpoint's '<key>' is <value>, not
+// <meaning>" (e.g. "not in [1, 16777216]").
+int64_t read_int_in(const LoaderState& state, const std::string& key, int64_t min, int64_t max);
+// 0 or 1.
+bool read_flag(const LoaderState& state, const std::string& key);
+const std::string& read_string(const LoaderState& state, const std::string& key);
+const std::vector<int64_t>& read_list(const LoaderState& state, const std::string& key);
+
+// The archive carrier: integers and strings as attributes, lists as one-dimensional int64
+// tensors (buffers). read_archive() reads every attribute but torch's own "training" flag, and
+// throws std::invalid_argument naming an attribute of another kind.
+void write_archive(torch::serialize::OutputArchive& archive, const LoaderState& state);
+LoaderState read_archive(torch::serialize::InputArchive& archive);
 
 // A loader's position: where its epoch's batches come from and how far the consumer got.
 struct CheckpointPosition {
@@ -39,17 +54,29 @@ struct OrderShape {
   size_t dataset_size;
 };
 
-// The format of DataLoader::save (the sampler's fields are the sampler's own).
-void write_position(torch::serialize::OutputArchive& archive, const CheckpointPosition& position,
+// The format of DataLoader::state (the sampler's fields are the sampler's own).
+void write_position(LoaderState& state, const CheckpointPosition& position,
                     const OrderShape& shape);
 // Checks the format version and `shape` against the checkpoint, naming the first field that
 // differs (batch_size, drop_last, dataset size, seed, in that order).
-void check_shape(torch::serialize::InputArchive& archive, const OrderShape& shape);
-// Reads the position, refusing one that save() never writes (negative, or a base past the data).
-CheckpointPosition read_position(torch::serialize::InputArchive& archive, size_t dataset_size);
+void check_shape(const LoaderState& state, const OrderShape& shape);
+// Reads the position, refusing one that save() never writes: a negative number, an epoch
+// complete with no epoch after it, a base past the data, a world size outside
+// [1, DistributedSampler::kMaxWorldSize].
+CheckpointPosition read_position(const LoaderState& state, size_t dataset_size);
+// For a loader whose sampler shares each order among `world` ranks: refuses a position that
+// cannot be continued by it. When the saved world differs (an elastic resume), the saved ranks
+// received `received` batches each of an equal share of the rest of the order, at most
+// ceil((dataset_size - base) / world) entries, so `received` is at most that share's batches.
+void check_position(const CheckpointPosition& position, const OrderShape& shape, size_t world);
+// An elastic resume's base: what the saved ranks consumed of the epoch's global order,
+// base + world x received x batch_size, at most dataset_size (overflow-safe).
+size_t elastic_base(const CheckpointPosition& position, size_t batch_size, size_t dataset_size);
+// When a loader continues its own order: refuses more batches received than the order has.
+void check_received(const CheckpointPosition& position, size_t batches);
 
 // Throws std::invalid_argument "conveyor: the checkpoint's <what> is <saved> but this loader's is
-// <current>" when they differ.
+// <current>" when they differ (strings quoted through printable()).
 void expect_same(const std::string& what, int64_t saved, int64_t current);
 void expect_same(const std::string& what, const std::string& saved, const std::string& current);
 

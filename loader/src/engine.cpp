@@ -206,7 +206,7 @@ DataLoader::Impl::EpochStart DataLoader::Impl::next_epoch_start() const {
         start.base = r.base;
         start.first_batch = r.received;
       } else if (!r.complete) {  // elastic: share out what the saved job had not consumed
-        start.base = std::min(n, r.base + r.world * r.received * options_.batch_size);
+        start.base = detail::elastic_base(r, options_.batch_size, n);
       }
     }
   }
@@ -232,6 +232,8 @@ void DataLoader::Impl::start_epoch() {
                               " samples");
     }
   }
+  // Continuing its own order from a checkpoint: it must hold the batches received.
+  if (start.first_batch > 0) detail::check_received(*resume_, batches_of(order.size()));
   if (started_) cancel_epoch();
   next_epoch_.reset();
   resume_.reset();

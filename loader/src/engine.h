@@ -86,8 +86,8 @@ class DataLoader::Impl {
   std::optional<Batch> next();
   DataLoader::Poll poll(std::chrono::milliseconds wait);
   void set_epoch(uint64_t epoch) { next_epoch_ = epoch; }
-  void save(torch::serialize::OutputArchive& archive) const;  // checkpoint.cpp
-  void load(torch::serialize::InputArchive& archive);
+  LoaderState state() const;  // checkpoint.cpp
+  void load_state(const LoaderState& state);
   void join();
 
   uint64_t epoch() const { return epoch_; }

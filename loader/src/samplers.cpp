@@ -24,16 +24,13 @@ void permutation(size_t n, uint64_t seed, uint64_t epoch, std::vector<size_t>& o
 
 using detail::expect_same;
 using detail::read_int;
+using detail::read_int_in;
 using detail::read_string;
-using detail::write_int;
-using detail::write_string;
 
-void Sampler::save(torch::serialize::OutputArchive& archive) const {
-  write_string(archive, "sampler", "custom");
-}
+void Sampler::save(LoaderState& state) const { state.set_string("sampler", "custom"); }
 
-void Sampler::check(torch::serialize::InputArchive& archive) const {
-  expect_same("sampler", read_string(archive, "sampler"), "custom");
+void Sampler::check(const LoaderState& state) const {
+  expect_same("sampler", read_string(state, "sampler"), "custom");
 }
 
 void Sampler::remaining_indices(size_t n, uint64_t epoch, size_t consumed,
@@ -42,39 +39,42 @@ void Sampler::remaining_indices(size_t n, uint64_t epoch, size_t consumed,
   out.erase(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(std::min(consumed, out.size())));
 }
 
-void SequentialSampler::save(torch::serialize::OutputArchive& archive) const {
-  write_string(archive, "sampler", "sequential");
+void SequentialSampler::save(LoaderState& state) const {
+  state.set_string("sampler", "sequential");
 }
 
-void SequentialSampler::check(torch::serialize::InputArchive& archive) const {
-  expect_same("sampler", read_string(archive, "sampler"), "sequential");
+void SequentialSampler::check(const LoaderState& state) const {
+  expect_same("sampler", read_string(state, "sampler"), "sequential");
 }
 
-void RandomSampler::save(torch::serialize::OutputArchive& archive) const {
-  write_string(archive, "sampler", "random");
-  write_int(archive, "sampler_seed", static_cast<int64_t>(seed_));
+void RandomSampler::save(LoaderState& state) const {
+  state.set_string("sampler", "random");
+  state.set_int("sampler_seed", static_cast<int64_t>(seed_));
 }
 
-void RandomSampler::check(torch::serialize::InputArchive& archive) const {
-  expect_same("sampler", read_string(archive, "sampler"), "random");
-  expect_same("sampler seed", read_int(archive, "sampler_seed"), static_cast<int64_t>(seed_));
+void RandomSampler::check(const LoaderState& state) const {
+  expect_same("sampler", read_string(state, "sampler"), "random");
+  expect_same("sampler seed", read_int(state, "sampler_seed"), static_cast<int64_t>(seed_));
 }
 
-void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
-  write_string(archive, "sampler", "distributed");
-  write_int(archive, "sampler_seed", static_cast<int64_t>(seed_));
-  write_int(archive, "sampler_shuffle", shuffle_);
-  write_int(archive, "sampler_drop_last", drop_last_);
-  write_int(archive, "sampler_world_size", static_cast<int64_t>(world_size_));
-  write_int(archive, "sampler_rank", static_cast<int64_t>(rank_));
+void DistributedSampler::save(LoaderState& state) const {
+  state.set_string("sampler", "distributed");
+  state.set_int("sampler_seed", static_cast<int64_t>(seed_));
+  state.set_int("sampler_shuffle", shuffle_);
+  state.set_int("sampler_drop_last", drop_last_);
+  state.set_int("sampler_world_size", static_cast<int64_t>(world_size_));
+  state.set_int("sampler_rank", static_cast<int64_t>(rank_));
 }
 
-void DistributedSampler::check(torch::serialize::InputArchive& archive) const {
-  // The world size and rank may differ: that is an elastic resume.
-  expect_same("sampler", read_string(archive, "sampler"), "distributed");
-  expect_same("sampler seed", read_int(archive, "sampler_seed"), static_cast<int64_t>(seed_));
-  expect_same("sampler shuffle", read_int(archive, "sampler_shuffle"), shuffle_);
-  expect_same("sampler drop_last", read_int(archive, "sampler_drop_last"), drop_last_);
+void DistributedSampler::check(const LoaderState& state) const {
+  expect_same("sampler", read_string(state, "sampler"), "distributed");
+  expect_same("sampler seed", read_int(state, "sampler_seed"), static_cast<int64_t>(seed_));
+  expect_same("sampler shuffle", read_int(state, "sampler_shuffle"), shuffle_);
+  expect_same("sampler drop_last", read_int(state, "sampler_drop_last"), drop_last_);
+  // The world size and rank may differ (an elastic resume), but they must be a world and a rank.
+  const int64_t world =
+      read_int_in(state, "sampler_world_size", 1, static_cast<int64_t>(kMaxWorldSize));
+  read_int_in(state, "sampler_rank", 0, world - 1);
 }
 
 void SequentialSampler::indices(size_t n, uint64_t, std::vector<size_t>& out) const {
@@ -89,7 +89,11 @@ void RandomSampler::indices(size_t n, uint64_t epoch, std::vector<size_t>& out) 
 DistributedSampler::DistributedSampler(size_t rank, size_t world_size, bool shuffle, uint64_t seed,
                                        bool drop_last)
     : rank_(rank), world_size_(world_size), shuffle_(shuffle), seed_(seed), drop_last_(drop_last) {
-  if (world_size == 0 || rank >= world_size) {
+  if (world_size == 0 || world_size > kMaxWorldSize) {
+    throw std::invalid_argument("DistributedSampler: world size " + std::to_string(world_size) +
+                                " is not in [1, " + std::to_string(kMaxWorldSize) + "]");
+  }
+  if (rank >= world_size) {
     throw std::invalid_argument("DistributedSampler: rank " + std::to_string(rank) +
                                 " is not in [0, " + std::to_string(world_size) + ")");
   }

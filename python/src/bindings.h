@@ -58,10 +58,11 @@ class Source {
   std::weak_ptr<const void> owner_;
 };
 
-// Converts the loader's checkpoint (a torch::serialize archive) to a dict of Python ints and
-// strings, and back (state_dict.cpp). load_state() throws ValueError naming the key whose value
-// is not an int, bool or str, and the engine's std::invalid_argument (ValueError) naming the
-// field that does not fit the loader.
+// Converts the loader's checkpoint (DataLoader::state(), a LoaderState) to a dict of Python ints
+// and strings, and back (state_dict.cpp), without a torch archive. load_state() throws ValueError
+// naming the key whose value is not an int (of 64 bits), bool, str or list of ints, and the
+// engine's std::invalid_argument (ValueError) naming the field that is out of range or does not
+// fit the loader; a key or string from the state is quoted bounded and escaped.
 py::dict save_state(const DataLoader& loader);
 void load_state(DataLoader& loader, const py::dict& state);
 

@@ -97,3 +97,62 @@ def test_state_mid_epoch_without_ordering_is_refused(photos):
     next(it)
     with pytest.raises(RuntimeError, match="enforce_ordering"):
         loader.state_dict()
+
+
+def test_numbers_in_a_state_are_checked_naming_the_field(photos):
+    """Issue 29: every number of a state is range-checked before it is used, as a ValueError
+    that names the field (and its value); a world size of 2**62 used to overflow and replay the
+    epoch, and an integer past 64 bits gave pybind's 'Unable to cast'."""
+    first = make(photos, 1)
+    it = iter(first)
+    next(it)
+    next(it)
+    state = first.state_dict()
+    loader = make(photos, 1)
+    for key, value, shown in [
+        ("epoch", 2**63, "epoch"),
+        ("epoch", -(2**63) - 1, "epoch"),
+        ("batches_received", 2**200, "batches_received"),
+        ("epoch", -1, "-1"),
+        ("order_base", -1, "order_base"),
+        ("order_base", 10**6, "1000000"),
+        ("order_world_size", 2**62, "4611686018427387904"),
+        ("order_world_size", 0, "order_world_size"),
+        ("batches_received", -5, "batches_received"),
+        ("epoch_complete", 7, "epoch_complete"),
+        ("epoch", 1.5, "epoch"),
+        ("epoch", None, "epoch"),
+        ("epoch", [True], "epoch"),
+    ]:
+        with pytest.raises(ValueError, match=key) as raised:
+            loader.load_state_dict({**state, key: value})
+        assert shown in str(raised.value), (key, value, str(raised.value))
+    # More batches than the epoch holds: refused when the epoch would start.
+    loader.load_state_dict({**state, "batches_received": 2**63 - 1})
+    with pytest.raises(ValueError, match="batches_received"):
+        next(iter(loader))
+    fresh = make(photos, 1)
+    for key, value in [("epoch", 2**63), ("order_world_size", 2**62)]:
+        with pytest.raises(ValueError):
+            fresh.load_state_dict({**state, key: value})
+    # Refused states leave the loader as it was.
+    assert next(iter(fresh)).epoch == 0
+
+
+def test_a_huge_string_or_key_in_a_state_gives_a_short_escaped_error(photos):
+    """Issue 29: a 256 MB string was echoed whole into the error. Strings and keys from a state
+    are quoted bounded (with their length) and escaped."""
+    state = make(photos, 1).state_dict()
+    loader = make(photos, 1)
+    with pytest.raises(ValueError, match="sampler") as raised:
+        loader.load_state_dict({**state, "sampler": "x" * (256 << 20)})
+    assert len(str(raised.value)) < 1000
+    assert "268435456" in str(raised.value)
+    with pytest.raises(ValueError) as raised:
+        loader.load_state_dict({**state, "a\nfake: log line\x1b[2J" * 100000: 1})
+    message = str(raised.value)
+    assert len(message) < 1000 and "\n" not in message and "\x1b" not in message
+    with pytest.raises(ValueError, match="sampler") as raised:
+        loader.load_state_dict({**state, "sampler": "random\n\x1b[31mfake"})
+    assert "\n" not in str(raised.value) and "\x1b" not in str(raised.value)
+    assert next(iter(loader)).epoch == 0

@@ -122,6 +122,11 @@ void TorchConventionEngine::load(torch::serialize::InputArchive& archive) {
   loader_.load(archive);
 }
 
+void TorchConventionEngine::load_state(const LoaderState& state) {
+  if (joined_) throw_joined();
+  loader_.load_state(state);
+}
+
 void TorchConventionEngine::join() {
   joined_ = true;
   loader_.join();

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -84,19 +85,16 @@ void DrawnOrderSampler::indices(size_t, uint64_t epoch, std::vector<size_t>& out
   out = cached_;
 }
 
-void DrawnOrderSampler::save(torch::serialize::OutputArchive& archive) const {
-  write_string(archive, "sampler", "torch");
-  write_int(archive, "sampler_order_epoch",
-            cached_epoch_ ? static_cast<int64_t>(*cached_epoch_) : int64_t{-1});
-  at::Tensor order = at::empty({static_cast<int64_t>(cached_.size())}, at::kLong);
-  int64_t* out = order.data_ptr<int64_t>();
-  for (size_t i = 0; i < cached_.size(); ++i) out[i] = static_cast<int64_t>(cached_[i]);
-  archive.write("sampler_order", order, /*is_buffer=*/true);
+void DrawnOrderSampler::save(LoaderState& state) const {
+  state.set_string("sampler", "torch");
+  state.set_int("sampler_order_epoch",
+                cached_epoch_ ? static_cast<int64_t>(*cached_epoch_) : int64_t{-1});
+  state.set_list("sampler_order", std::vector<int64_t>(cached_.begin(), cached_.end()));
 }
 
-void DrawnOrderSampler::check(torch::serialize::InputArchive& archive) const {
-  const SavedOrder order = read(archive);
-  const CheckpointPosition saved = read_position(archive, dataset_size_);  // the engine's reader
+void DrawnOrderSampler::check(const LoaderState& state) const {
+  const SavedOrder order = read(state);
+  const CheckpointPosition saved = read_position(state, dataset_size_);  // the engine's reader
   if (saved.base != 0 || saved.world != 1) {
     throw std::invalid_argument("conveyor: the checkpoint's position (order base " +
                                 std::to_string(saved.base) + ", world size " +
@@ -111,37 +109,22 @@ void DrawnOrderSampler::check(torch::serialize::InputArchive& archive) const {
   }
 }
 
-DrawnOrderSampler::SavedOrder DrawnOrderSampler::read(
-    torch::serialize::InputArchive& archive) const {
-  expect_same("sampler", read_string(archive, "sampler"), "torch");
-  const int64_t epoch = read_int(archive, "sampler_order_epoch");
-  if (epoch < -1) {
-    throw std::invalid_argument("conveyor: the checkpoint's 'sampler_order_epoch' is " +
-                                std::to_string(epoch) + ", not an epoch");
-  }
-  at::Tensor order;
-  if (!archive.try_read("sampler_order", order, /*is_buffer=*/true)) {
-    throw std::invalid_argument(
-        "conveyor: the checkpoint has no 'sampler_order'; it was not written by save() of a "
-        "loader over a torch dataset");
-  }
-  if (order.scalar_type() != at::kLong || order.dim() != 1) {
-    throw std::invalid_argument(
-        "conveyor: the checkpoint's 'sampler_order' is not a one-dimensional int64 tensor");
-  }
+DrawnOrderSampler::SavedOrder DrawnOrderSampler::read(const LoaderState& state) const {
+  expect_same("sampler", read_string(state, "sampler"), "torch");
+  const int64_t epoch =
+      read_int_in(state, "sampler_order_epoch", -1, std::numeric_limits<int64_t>::max());
+  const std::vector<int64_t>& order = read_list(state, "sampler_order");
   SavedOrder saved;
   if (epoch < 0) return saved;  // nothing was drawn
   saved.epoch = static_cast<uint64_t>(epoch);
-  const at::Tensor contiguous = order.contiguous();
-  const int64_t* in = contiguous.data_ptr<int64_t>();
-  saved.order.reserve(static_cast<size_t>(contiguous.numel()));
-  for (int64_t i = 0; i < contiguous.numel(); ++i) {
-    if (in[i] < 0 || static_cast<uint64_t>(in[i]) >= dataset_size_) {
+  saved.order.reserve(order.size());
+  for (const int64_t index : order) {
+    if (index < 0 || static_cast<uint64_t>(index) >= dataset_size_) {
       throw std::invalid_argument("conveyor: the checkpoint's 'sampler_order' holds index " +
-                                  std::to_string(in[i]) + " but the dataset has " +
+                                  std::to_string(index) + " but the dataset has " +
                                   std::to_string(dataset_size_) + " samples");
     }
-    saved.order.push_back(static_cast<size_t>(in[i]));
+    saved.order.push_back(static_cast<size_t>(index));
   }
   return saved;
 }
@@ -171,8 +154,9 @@ void CollatedEngine::save(torch::serialize::OutputArchive& archive) const {
 }
 
 void CollatedEngine::load(torch::serialize::InputArchive& archive) {
-  engine_->load(archive);                  // reads and checks everything (the order too) first
-  drawn_->restore(drawn_->read(archive));  // checked by the engine's load
+  const LoaderState state = read_archive(archive);
+  engine_->load_state(state);            // reads and checks everything (the order too) first
+  drawn_->restore(drawn_->read(state));  // checked by the engine's load
 }
 
 void CollatedEngine::join() { engine_->join(); }

@@ -52,6 +52,7 @@ class TorchConventionEngine {
   // DataLoader::save and DataLoader::load (which see).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+  void load_state(const LoaderState& state);  // DataLoader::load_state
   void join();
   LoaderStats stats() const;
   // The path's name, ": ", and the engine's mode.

@@ -39,10 +39,13 @@
 #include <cstdint>
 #include <exception>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <variant>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -61,6 +64,56 @@ class InputArchive;
 namespace conveyor {
 
 // ---------------------------------------------------------------------------------------------
+// A loader's checkpoint as plain values (DataLoader::state(), DataLoader::load_state()).
+//
+// What it is for: saving and loading a loader's position without executing anything. A state
+// is a map from names to values (64-bit integers, strings, lists of 64-bit integers); its byte
+// form (serialize(), parse()) is a small text format that parse() reads with strict bounds, so
+// a state from a file, a peer or a download is data, never code. A torch archive
+// (DataLoader::save(), load()) carries the same values, but loading one runs torch::jit::load,
+// which may run code from the file (docs/resume.md).
+//
+// The byte form, version 1 (every number decimal ASCII, every line ending in '\n'):
+//   conveyor-loader-state 1
+//   <key> i <int64>                       one integer: an optional '-', then 1 to 19 digits
+//   <key> s <length>:<length bytes>       one string: any bytes, as many as <length> says
+//   <key> l <count>[ <int64>]...          a list: <count> integers, each after one space
+// in any order of keys, each key once. A key is 1 to kMaxKeyBytes bytes of [A-Za-z0-9_].
+//
+// Requires nothing. Guarantees: set_*() and parse() refuse, with std::invalid_argument naming
+// the key (quoted, bounded and escaped), a key that is not a name, a string over
+// kMaxStringBytes, more than kMaxEntries entries, and parse() also anything not in the format
+// above: an unknown type, a number out of int64's range or with stray characters, a length past
+// the end of the bytes, a repeated key, bytes after the last line. Nothing is allocated for a
+// length or count before the bytes it claims are known to be there.
+// Thread safety: a value type; const calls are safe from several threads.
+class LoaderState {
+ public:
+  using Value = std::variant<int64_t, std::string, std::vector<int64_t>>;
+  static constexpr size_t kMaxKeyBytes = 64;
+  static constexpr size_t kMaxStringBytes = 4096;
+  static constexpr size_t kMaxEntries = 256;
+
+  // Sets `key` (replacing its value, if any).
+  void set_int(std::string_view key, int64_t value);
+  void set_string(std::string_view key, std::string_view value);
+  void set_list(std::string_view key, std::vector<int64_t> value);
+  // The value of `key`, or null.
+  const Value* find(const std::string& key) const;
+  const std::map<std::string, Value>& values() const { return values_; }
+  bool operator==(const LoaderState& other) const { return values_ == other.values_; }
+  bool operator!=(const LoaderState& other) const { return !(*this == other); }
+
+  // The byte form above; parse(serialize()) == *this.
+  std::string serialize() const;
+  static LoaderState parse(std::string_view bytes);
+
+ private:
+  void set(std::string_view key, Value value);
+  std::map<std::string, Value> values_;
+};
+
+// ---------------------------------------------------------------------------------------------
 // Samplers: the order of dataset indices in each epoch.
 
 class Sampler {
@@ -70,12 +123,15 @@ class Sampler {
   // Must be a pure function of its arguments and the sampler's construction parameters.
   virtual void indices(size_t dataset_size, uint64_t epoch, std::vector<size_t>& out) const = 0;
 
-  // --- Checkpoints (DataLoader::save/load). The defaults suit a sampler used by one process.
+  // --- Checkpoints (DataLoader::state/load_state, save/load). The defaults suit a sampler used
+  // by one process. Keys of the loader's own ("epoch", "batch_size", ...: docs/resume.md) are
+  // not the sampler's to write; a sampler's keys start with "sampler".
   // Writes the parameters that shape the order (a seed, a world size, ...).
-  virtual void save(torch::serialize::OutputArchive& archive) const;
-  // Throws std::invalid_argument naming a parameter in `archive` (written by save()) that does
-  // not fit this sampler. A distributed sampler accepts another world size and rank.
-  virtual void check(torch::serialize::InputArchive& archive) const;
+  virtual void save(LoaderState& state) const;
+  // Throws std::invalid_argument naming a parameter in `state` (written by save()) that does
+  // not fit this sampler, or is missing, or out of its range. A distributed sampler accepts
+  // another world size and rank.
+  virtual void check(const LoaderState& state) const;
   // The processes that share each epoch's order (1 unless distributed).
   virtual size_t world_size() const { return 1; }
   // This process's indices for the rest of `epoch` once an earlier job consumed the first
@@ -90,8 +146,8 @@ class SequentialSampler : public Sampler {
  public:
   static std::unique_ptr<Sampler> make() { return std::make_unique<SequentialSampler>(); }
   void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void check(torch::serialize::InputArchive& archive) const override;
+  void save(LoaderState& state) const override;
+  void check(const LoaderState& state) const override;
 };
 
 // A permutation that is a pure function of (seed, epoch): the same whatever the number of workers,
@@ -103,8 +159,8 @@ class RandomSampler : public Sampler {
     return std::make_unique<RandomSampler>(seed);
   }
   void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void check(torch::serialize::InputArchive& archive) const override;
+  void save(LoaderState& state) const override;
+  void check(const LoaderState& state) const override;
 
  private:
   uint64_t seed_;
@@ -125,6 +181,10 @@ class RandomSampler : public Sampler {
 // With M == N the loader instead continues each rank's own order, so a resume is bit-exact.
 class DistributedSampler : public Sampler {
  public:
+  // The most ranks a job may have: the constructor refuses more, and so does a checkpoint's
+  // world size (more than any job runs; a larger number is a corrupt or forged state).
+  static constexpr size_t kMaxWorldSize = size_t{1} << 24;
+  // Throws std::invalid_argument unless 1 <= world_size <= kMaxWorldSize and rank < world_size.
   DistributedSampler(size_t rank, size_t world_size, bool shuffle = true, uint64_t seed = 0,
                      bool drop_last = false);
   static std::unique_ptr<Sampler> make(size_t rank, size_t world_size, bool shuffle = true,
@@ -132,8 +192,8 @@ class DistributedSampler : public Sampler {
     return std::make_unique<DistributedSampler>(rank, world_size, shuffle, seed, drop_last);
   }
   void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
-  void save(torch::serialize::OutputArchive& archive) const override;
-  void check(torch::serialize::InputArchive& archive) const override;
+  void save(LoaderState& state) const override;
+  void check(const LoaderState& state) const override;
   size_t world_size() const override { return world_size_; }
   size_t rank() const { return rank_; }
   void remaining_indices(size_t n, uint64_t epoch, size_t consumed,
@@ -411,20 +471,32 @@ class DataLoader {
   void set_epoch(uint64_t epoch);
 
   // --- Checkpoints: resume mid-epoch, bit-exactly, in O(1) (docs/resume.md).
-  // Writes the loader's position into `archive`: the epoch, the batches the consumer has received
-  // in it, and what shapes the order: seed, batch_size, drop_last, the dataset's size and the
+  // The loader's position as plain values: the epoch, the batches the consumer has received in
+  // it, and what shapes the order: seed, batch_size, drop_last, the dataset's size and the
   // sampler's parameters. Nothing about workers, chunk_size, slots or prefetch_factor. Throws
   // std::logic_error mid-epoch when enforce_ordering is off (batches then arrive out of order, so
-  // a count does not say which were received).
-  void save(torch::serialize::OutputArchive& archive) const;
-  // Reads a position written by save(). The next begin() (or next()) continues that epoch with
-  // the batch after the last one received, without reading any sample before it; its batches and
-  // every later epoch's are byte-identical to an uninterrupted run's, whatever the workers,
-  // chunk_size or prefetch_factor. If that epoch was complete, the next begin() starts the one
-  // after it. Throws std::invalid_argument naming a field that does not fit (batch_size,
+  // a count does not say which were received). state().serialize() is a byte form to store.
+  LoaderState state() const;
+  // Continues from a state written by state() (or save()). The next begin() (or next())
+  // continues that epoch with the batch after the last one received, without reading any sample
+  // before it; its batches and every later epoch's are byte-identical to an uninterrupted run's,
+  // whatever the workers, chunk_size or prefetch_factor. If that epoch was complete, the next
+  // begin() starts the one after it. Nothing in `state` is executed or trusted: every number is
+  // checked against what it can mean before it is used. Throws std::invalid_argument naming the
+  // field (and its value) that is missing, of the wrong type, out of range (a negative count, a
+  // position past the dataset, a world size over DistributedSampler::kMaxWorldSize, more batches
+  // received than the saved ranks' shares hold) or that does not fit this loader (batch_size,
   // drop_last, dataset size, seed, the sampler's kind or parameters), leaving the loader as it
   // was. A DistributedSampler's world size and rank may differ: elastic resume (see
-  // DistributedSampler).
+  // DistributedSampler). Keys it does not read are ignored.
+  void load_state(const LoaderState& state);
+  // The same values through a torch archive, for a checkpoint beside torch::save's: save()
+  // writes state() into `archive` (integers and strings as attributes, a list as an int64
+  // tensor), load() reads every attribute of `archive` and calls load_state(). Only load archives
+  // you wrote yourself: InputArchive::load_from() is torch::jit::load(), which can run code from
+  // the file (__setstate__) before load() sees any value. For a checkpoint from anywhere else use
+  // state() and load_state() with LoaderState::serialize() and parse(), which execute nothing.
+  void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
 
   // Stops the workers and releases the copy stage; the loader yields nothing afterwards.

@@ -314,8 +314,10 @@ class TorchDataLoader {
   // at::detail::getDefaultCPUGenerator().get_state()/set_state(); or use a conveyor::Sampler
   // through a SampleSource). Iterators obtained before load() throw c10::Error when used.
   // Throws std::invalid_argument naming a field that does not fit (batch_size, drop_last,
-  // dataset size, seed, the sampler), leaving the loader as it was; std::logic_error on the
-  // batched path.
+  // dataset size, seed, the sampler) or a number out of its range (DataLoader::load_state's
+  // checks), leaving the loader as it was; std::logic_error on the batched path. Load only
+  // archives you wrote: InputArchive::load_from() is torch::jit::load(), which can run code from
+  // the file before load() sees it (docs/resume.md).
   virtual void load(torch::serialize::InputArchive& archive) = 0;
 
  protected:

@@ -188,14 +188,14 @@ class DrawnOrderSampler : public Sampler {
   // The kept order when `epoch` is the last epoch drawn (or restored), else a new draw().
   void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const final;
   // Writes "sampler" ("torch"), "sampler_order_epoch" (-1 when nothing was drawn) and
-  // "sampler_order" (that epoch's whole order, an int64 tensor).
-  void save(torch::serialize::OutputArchive& archive) const override;
-  // Throws std::invalid_argument naming the field unless read() accepts the archive and its
-  // position (DataLoader::save's) is one this order serves: one process's, and, mid-epoch, in
+  // "sampler_order" (that epoch's whole order, a list; an int64 tensor in an archive).
+  void save(LoaderState& state) const override;
+  // Throws std::invalid_argument naming the field unless read() accepts the state and its
+  // position (DataLoader::state's) is one this order serves: one process's, and, mid-epoch, in
   // the epoch whose order it holds.
-  void check(torch::serialize::InputArchive& archive) const override;
-  // The order in `archive`, checked (every index below the dataset's size).
-  SavedOrder read(torch::serialize::InputArchive& archive) const;
+  void check(const LoaderState& state) const override;
+  // The order in `state`, checked (every index below the dataset's size).
+  SavedOrder read(const LoaderState& state) const;
   // Serves `saved.order` for `saved.epoch` from now on, instead of drawing that epoch again;
   // later epochs are drawn as usual.
   void restore(SavedOrder saved);
