@@ -7,6 +7,7 @@
 #include <turbojpeg.h>
 #include <opencv2/imgproc.hpp>
 
+#include "many_scans_jpeg.h"
 #include "test_support.h"
 
 namespace conveyor {
@@ -428,6 +429,68 @@ TEST(ImageLoader, BadFilesAreNamedOrSkipped) {
   }
   EXPECT_EQ(rows, 9u);
   EXPECT_EQ(skipping.stats().skipped, 5u);
+}
+
+// Files over the limits every image meets (issue 29), each refused before the work it would cost:
+// a sparse file larger than kMaxImageBytes (as `truncate -s 3G` makes one: no disk used, and
+// before the limit 3.5 GB of memory per worker), and a progressive JPEG of more scans than
+// DecodeLimits::max_scans. Each is an error naming the file and the limit, or skipped and counted.
+TEST(ImageLoader, FilesOverTheImageLimitsAreNamedOrSkipped) {
+  TempDir dir;
+  testing::make_small_folder(dir.path(), {"a"}, 3);
+  write_bytes(dir / "a/bad_scans.jpg",
+              testing::progressive_jpeg_with_scans(48, 40, DecodeLimits{}.max_scans + 1));
+  const std::pair<const char*, uint64_t> sparse[] = {{"bad_sparse_3g.jpg", uint64_t{3} << 30},
+                                                     {"bad_sparse_limit.jpg", kMaxImageBytes + 1}};
+  for (const auto& [name, size] : sparse) {
+    write_bytes(dir / "a" / name, {});
+    std::filesystem::resize_file(dir / "a" / name, size);
+  }
+  auto source = std::shared_ptr<ImageSource>(
+      ImageSource::image_folder(dir.path(), ImageTransform::train(16)));
+  ASSERT_EQ(source->size(), 6u);
+
+  LoaderOptions o;
+  o.batch_size = 1;
+  o.workers = 1;
+  std::map<std::string, std::string> errors;  // file name -> message
+  {
+    DataLoader loader(source, o);
+    testing::finishes_within(std::chrono::seconds(20), "files over the limits, raise", [&] {
+      for (;;) {
+        try {
+          if (!loader.next()) break;
+        } catch (const SampleError& e) {
+          errors[std::filesystem::path(e.path()).filename().string()] = e.what();
+        }
+      }
+    });
+  }
+  ASSERT_EQ(errors.size(), 3u);
+  EXPECT_NE(errors["bad_scans.jpg"].find("more than 500 scans"), std::string::npos)
+      << errors["bad_scans.jpg"];
+  EXPECT_NE(errors["bad_sparse_3g.jpg"].find("3221225472 bytes, more than the limit of 268435456"),
+            std::string::npos)
+      << errors["bad_sparse_3g.jpg"];
+  EXPECT_NE(
+      errors["bad_sparse_limit.jpg"].find("268435457 bytes, more than the limit of 268435456"),
+      std::string::npos)
+      << errors["bad_sparse_limit.jpg"];
+  for (const auto& [name, what] : errors) {
+    EXPECT_NE(what.find((dir / "a" / name).string()), std::string::npos) << what;
+  }
+
+  o.on_error = ErrorPolicy::kSkip;
+  DataLoader skipping(source, o);
+  size_t rows = 0;
+  for (Batch& b : skipping) {
+    rows += b.size();
+    for (size_t idx : b.indices) {
+      EXPECT_EQ(source->items()[idx].path.find("bad_"), std::string::npos);
+    }
+  }
+  EXPECT_EQ(rows, 6u);  // each skipped sample's row is filled by another
+  EXPECT_EQ(skipping.stats().skipped, 3u);
 }
 
 }  // namespace

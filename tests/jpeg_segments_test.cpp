@@ -5,6 +5,7 @@
 // pairs in ctest (decode_check).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -233,6 +234,107 @@ TEST(JpegSegments, TheStoredIndexGivesTheScansLayoutAndADamagedOneIsIgnored) {
   damaged(body + 22, 0x07);               // the count
   damaged(body + 23 + 4 * 5 + 3, 0x01);   // one interval's end, off by a byte
   damaged(body + 23 + 4 * 95 + 2, 0x10);  // another, far off
+}
+
+// An index written by hand into `file`, before its frame header: the format of jpeg_segments.h,
+// listing `lengths`.
+std::vector<uint8_t> with_forged_index(const std::vector<uint8_t>& file, size_t sof_offset,
+                                       const std::vector<uint32_t>& lengths) {
+  static constexpr char kId[] = "CONVEYOR-SEGMENTS";
+  std::vector<uint8_t> body(kId, kId + sizeof kId);
+  body.push_back(1);  // version
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    body.push_back(static_cast<uint8_t>(lengths.size() >> shift));
+  }
+  for (uint32_t length : lengths) {
+    body.push_back(static_cast<uint8_t>(length >> 8));
+    body.push_back(static_cast<uint8_t>(length));
+  }
+  std::vector<uint8_t> out(file.begin(), file.begin() + static_cast<long>(sof_offset));
+  out.push_back(0xFF);
+  out.push_back(0xEF);  // APP15
+  out.push_back(static_cast<uint8_t>((body.size() + 2) >> 8));
+  out.push_back(static_cast<uint8_t>(body.size() + 2));
+  out.insert(out.end(), body.begin(), body.end());
+  out.insert(out.end(), file.begin() + static_cast<long>(sof_offset), file.end());
+  return out;
+}
+
+// A forged index (issue 29): the image's own data ends at its EOI, and bytes appended after it
+// (which every other decoder ignores) carry another image's intervals with markers where an index
+// says. The index's first interval runs from the scan's start over the real image and its EOI into
+// the appended bytes, so its every marker is where it says, in order. Regions decoded from such a
+// file have the pixels of the usual decode of it, the real image: the index is ignored for a scan.
+TEST(JpegSegments, AnIndexIntoBytesAfterTheImageIsIgnored) {
+  // Small enough that the first forged interval's length fits the index's 16 bits.
+  const auto real = jpeg(256, 128, with_restarts(4), 1);
+  const auto other = jpeg(256, 128, with_restarts(4), 2);  // the same tables
+  detail::SegmentLayout r, o;
+  ASSERT_TRUE(detail::read_segment_layout(real.data(), real.size(), r));
+  ASSERT_TRUE(detail::read_segment_layout(other.data(), other.size(), o));
+  ASSERT_EQ(r.ends.size(), o.ends.size());
+  ASSERT_EQ(r.scan_data, o.scan_data);
+  ASSERT_TRUE(
+      std::equal(real.begin(), real.begin() + static_cast<long>(r.scan_data), other.begin()))
+      << "the same headers and tables";
+  ASSERT_LT(real.size() - r.scan_data, 0xFFFFu);
+
+  // The real image, then RST0 and the other image's intervals 1.. with their markers and EOI.
+  std::vector<uint8_t> appended = real;
+  appended.push_back(0xFF);
+  appended.push_back(0xD0);
+  std::vector<uint32_t> lengths = {static_cast<uint32_t>(real.size() - r.scan_data)};
+  for (size_t k = 1; k < o.ends.size(); ++k) {
+    appended.insert(appended.end(), other.begin() + o.starts[k], other.begin() + o.ends[k] + 2);
+    lengths.push_back(o.ends[k] - o.starts[k]);
+  }
+  const auto forged = with_forged_index(appended, r.sof_offset, lengths);
+
+  detail::SegmentLayout l;
+  ASSERT_TRUE(detail::read_segment_layout(forged.data(), forged.size(), l));
+  EXPECT_FALSE(l.indexed) << "the index's first interval holds the image's markers and EOI";
+  const auto shift = static_cast<uint32_t>(forged.size() - appended.size());
+  std::vector<uint32_t> real_ends = r.ends;
+  for (uint32_t& end : real_ends) end += shift;
+  EXPECT_EQ(l.ends, real_ends) << "the scan's intervals: the real image's";
+
+  // The same index over the other image's own intervals is a true one, and is used: the check
+  // refuses the forgery, not the format.
+  std::vector<uint32_t> true_lengths;
+  for (size_t k = 0; k < o.ends.size(); ++k) true_lengths.push_back(o.ends[k] - o.starts[k]);
+  const auto honest = with_forged_index(other, o.sof_offset, true_lengths);
+  ASSERT_TRUE(detail::read_segment_layout(honest.data(), honest.size(), l));
+  EXPECT_TRUE(l.indexed);
+
+  // Every box below the first interval's row: through the forged index these would be cut from
+  // the other image.
+  DecodeOptions plain_options;
+  plain_options.restart_segments = false;
+  JpegDecoder plain({}, plain_options), cut;
+  const int boxes[][4] = {{0, 16, 256, 112}, {64, 40, 100, 60}, {200, 100, 56, 28}};
+  for (const auto& b : boxes) {
+    const DecodedImage expected =
+        plain.decode_region(forged.data(), forged.size(), b[0], b[1], b[2], b[3], b[2], b[3]);
+    const std::vector<uint8_t> want = packed_rows(expected);
+    const DecodedImage got =
+        cut.decode_region(forged.data(), forged.size(), b[0], b[1], b[2], b[3], b[2], b[3]);
+    ASSERT_EQ(got.width, expected.width);
+    ASSERT_EQ(got.height, expected.height);
+    EXPECT_EQ(packed_rows(got), want) << "box " << b[0] << "," << b[1];
+  }
+
+  // Markers that are not where the index says: the appended intervals numbered from RST1, one
+  // off from what the index's order asks.
+  std::vector<uint8_t> misnumbered = appended;
+  for (size_t i = real.size(); i + 1 < misnumbered.size(); ++i) {
+    if (misnumbered[i] == 0xFF && misnumbered[i + 1] >= 0xD0 && misnumbered[i + 1] <= 0xD7) {
+      misnumbered[i + 1] = static_cast<uint8_t>(0xD0 + (misnumbered[i + 1] - 0xD0 + 1) % 8);
+    }
+  }
+  const auto misplaced = with_forged_index(misnumbered, r.sof_offset, lengths);
+  ASSERT_TRUE(detail::read_segment_layout(misplaced.data(), misplaced.size(), l));
+  EXPECT_FALSE(l.indexed);
+  ASSERT_EQ(l.ends.size(), r.ends.size());
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <turbojpeg.h>
 
 #include "conveyor/jpeg.h"
+#include "many_scans_jpeg.h"
 #include "test_support.h"
 
 namespace conveyor {
@@ -489,6 +490,47 @@ TEST(JpegDecoder, HugeImagesAreRejectedBeforeAllocation) {
   JpegDecoder strict(DecodeLimits{1000});
   auto small = make_photo_jpeg(64, 48, 1);
   EXPECT_THROW(strict.decode(small.data(), small.size()), JpegError);
+}
+
+// A file of more than DecodeLimits::max_scans scans is refused (issue 29: each scan is a pass over
+// every block, and 10,000 scans of a 10000x10000 image took 67.6 s), from every entry point and
+// every time; one of exactly max_scans decodes, however often the decoder is reused (the count is
+// the image's own), and a lower limit refuses it.
+TEST(JpegDecoder, FilesWithMoreScansThanTheLimitAreRejected) {
+  const int limit = DecodeLimits{}.max_scans;
+  EXPECT_EQ(limit, 500);
+  const auto at_limit = testing::progressive_jpeg_with_scans(48, 40, limit);
+  const auto over = testing::progressive_jpeg_with_scans(48, 40, limit + 1);
+  // Valid files: libjpeg-turbo without a limit reads both.
+  EXPECT_EQ(tj_decode(at_limit).width, 48);
+  EXPECT_EQ(tj_decode(over).width, 48);
+  JpegDecoder d;
+  for (int round = 0; round < 3; ++round) {
+    EXPECT_EQ(d.decode(at_limit.data(), at_limit.size()).width, 48) << "round " << round;
+    for (int entry = 0; entry < 2; ++entry) {
+      try {
+        if (entry == 0) {
+          d.decode(over.data(), over.size());
+        } else {
+          d.begin(over.data(), over.size());
+          d.finish_region(8, 8, 16, 16, 16, 16);
+        }
+        ADD_FAILURE() << "a file of " << limit + 1 << " scans decoded (entry " << entry << ")";
+      } catch (const JpegError& e) {
+        EXPECT_NE(std::string(e.what()).find("JPEG rejected: more than 500 scans"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
+  DecodeLimits strict_limits;
+  strict_limits.max_scans = 64;
+  JpegDecoder strict(strict_limits);
+  EXPECT_THROW(strict.decode(at_limit.data(), at_limit.size()), JpegError);
+  const auto fewest = testing::progressive_jpeg_with_scans(48, 40, 64);
+  EXPECT_EQ(strict.decode(fewest.data(), fewest.size()).width, 48);
+  strict_limits.max_scans = 0;
+  EXPECT_THROW(JpegDecoder{strict_limits}, std::invalid_argument);
 }
 
 }  // namespace

@@ -23,8 +23,30 @@ namespace conveyor {
 namespace {
 
 using detail::ErrorManager;
+using detail::fail_with;
 using detail::on_error;
 using detail::on_message;
+
+// DecodeLimits::max_scans, checked by libjpeg's progress monitor. libjpeg calls the monitor before
+// each step of reading a multi-scan file's input (jpeg_start_decompress reads every scan of a
+// progressive file, an iMCU row or a marker at a time), so a scan is seen once its SOS marker has
+// been read and before its data is decoded. input_scan_number counts the image's SOS markers
+// (libjpeg resets it with each header).
+struct ScanLimit {
+  jpeg_progress_mgr pub{};  // first: libjpeg holds a pointer to it
+  int max_scans = 0;
+  bool exceeded = false;  // the last failure was this limit
+};
+
+void check_scans(j_common_ptr cinfo) {
+  auto* limit = reinterpret_cast<ScanLimit*>(cinfo->progress);
+  if (reinterpret_cast<j_decompress_ptr>(cinfo)->input_scan_number <= limit->max_scans) return;
+  limit->exceeded = true;
+  char text[JMSG_LENGTH_MAX];
+  std::snprintf(text, sizeof text, "more than %d scans (DecodeLimits::max_scans)",
+                limit->max_scans);
+  fail_with(cinfo, text);
+}
 
 const char* color_space_name(J_COLOR_SPACE cs) {
   switch (cs) {
@@ -92,6 +114,7 @@ struct JpegDecoder::State {
   std::vector<uint8_t> buffer;
   std::vector<JSAMPROW> rows;  // pointers into `buffer`, one per decoded row
   bool started = false;        // a header was read and the decompressor is mid-image
+  ScanLimit scan_limit;
   // The file begin() read, for cutting restart segments out of it (jpeg_segments.h).
   const uint8_t* file = nullptr;
   size_t file_size = 0;
@@ -104,10 +127,14 @@ struct JpegDecoder::State {
     if (options.channels != 3 && options.channels != 4) {
       throw std::invalid_argument("DecodeOptions::channels must be 3 or 4");
     }
+    if (limits.max_scans < 1) throw std::invalid_argument("DecodeLimits::max_scans must be >= 1");
     cinfo.err = jpeg_std_error(&err.pub);
     err.pub.error_exit = on_error;
     err.pub.emit_message = on_message;
     jpeg_create_decompress(&cinfo);
+    scan_limit.pub.progress_monitor = check_scans;
+    scan_limit.max_scans = limits.max_scans;
+    cinfo.progress = &scan_limit.pub;
     // Kept across images: APP1 (EXIF) markers are saved only when the orientation is wanted.
     if (options.read_orientation) jpeg_save_markers(&cinfo, JPEG_APP0 + 1, 0xFFFF);
   }
@@ -137,8 +164,10 @@ struct JpegDecoder::State {
 
   [[noreturn]] void fail() {
     std::string message = err.message;
+    const bool rejected = scan_limit.exceeded;
+    scan_limit.exceeded = false;
     abort();
-    throw JpegError("JPEG decode failed: " + message);
+    throw JpegError((rejected ? "JPEG rejected: " : "JPEG decode failed: ") + message);
   }
 
   // Reads the header and checks the limits. The libjpeg calls run under setjmp; no object with a

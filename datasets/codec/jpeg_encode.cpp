@@ -95,9 +95,13 @@ struct VectorDestination {
   // Gives libjpeg the bytes from `used` to the end of `out`, `out` grown to at least `size`.
   static void expose(j_compress_ptr c, size_t used, size_t size) {
     VectorDestination& d = of(c);
+    bool grown = false;
     try {
       d.out->resize(size);
-    } catch (const std::bad_alloc&) {
+      grown = true;
+    } catch (...) {  // nothing may be thrown through libjpeg's frames
+    }
+    if (!grown) {  // error_exit longjmps: never from inside the catch block
       c->err->msg_code = JERR_OUT_OF_MEMORY;
       (*c->err->error_exit)(reinterpret_cast<j_common_ptr>(c));
     }

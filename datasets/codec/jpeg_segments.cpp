@@ -26,8 +26,31 @@ constexpr size_t kIndexIdSize = sizeof kIndexId;
 constexpr uint8_t kIndexVersion = 1;
 constexpr size_t kIndexHeader = kIndexIdSize + 1 + 4;  // id, version, count
 
+// Whether entropy-coded bytes [begin, end), followed by a marker at `end`, hold no marker: each
+// 0xFF in them is a stuffed byte (FF 00) or fill before a marker (FF FF), as the scan below reads
+// them.
+bool holds_no_marker(const uint8_t* data, size_t begin, size_t end) {
+  size_t pos = begin;
+  while (pos < end) {
+    const void* found = std::memchr(data + pos, 0xFF, end - pos);
+    if (found == nullptr) return true;
+    const size_t p = static_cast<size_t>(static_cast<const uint8_t*>(found) - data);
+    const uint8_t next = data[p + 1];  // p + 1 <= end: the byte at `end` is the marker's 0xFF
+    if (next == 0x00) {
+      pos = p + 2;
+    } else if (next == 0xFF) {
+      pos = p + 1;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 // Fills layout.starts/ends from the index at [index_offset, index_end) of a layout whose header
-// has been read; false (vectors cleared) unless every entry checks out.
+// has been read; false (vectors cleared) unless every entry checks out: each interval ends on the
+// marker it should and holds none, so that the intervals are those a scan finds, in the image's
+// own entropy-coded data (not bytes appended after its EOI).
 bool read_index(const uint8_t* data, size_t size, size_t segments, SegmentLayout& layout) {
   const uint8_t* body = data + layout.index_offset + 4;
   const size_t body_size = layout.index_end - layout.index_offset - 4;
@@ -38,7 +61,8 @@ bool read_index(const uint8_t* data, size_t size, size_t segments, SegmentLayout
   for (size_t k = 0; k < n; ++k, entry += 2) {
     const size_t end = start + word(entry);
     const uint8_t expected = k + 1 < n ? static_cast<uint8_t>(0xD0 + k % 8) : 0xD9;
-    if (end + 1 >= size || data[end] != 0xFF || data[end + 1] != expected) {
+    if (end + 1 >= size || data[end] != 0xFF || data[end + 1] != expected ||
+        !holds_no_marker(data, start, end)) {
       layout.starts.clear();
       layout.ends.clear();
       return false;

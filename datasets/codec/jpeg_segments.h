@@ -17,8 +17,12 @@
 // for each interval k its length in bytes, 16-bit big-endian: interval 0 starts where the scan's
 // data does, the marker that ends interval k (RST for k < n-1, EOI for the last) is at its start
 // plus its length, and interval k+1 starts 2 bytes later. read_segment_layout() trusts an index
-// only when its count is the file's and every interval ends on the marker it should, in order;
-// otherwise it scans the file, as for files without one. Other readers skip APP15 segments.
+// only when its count is the file's, every interval ends on the marker it should, in order, and
+// no interval holds a marker: then its intervals are exactly those a scan finds, and its EOI is
+// the image's own, not a forged one in bytes appended after it (which other decoders never
+// read). Otherwise it scans the file, as for files without one. Checking that no interval holds a
+// marker reads every byte, as the scan does; what the index saves is the scan's bookkeeping.
+// Other readers skip APP15 segments.
 // Thread safety: pure functions.
 #pragma once
 

@@ -161,7 +161,7 @@ bool TarSampleReader::next(TarSample& out) {
     const std::string what = s.name + " (member " + s.member + ")";
     if (is_image(s.extension) && !image) {
       const int64_t size = archive_entry_size(s.entry);
-      if (size <= 0 || static_cast<uint64_t>(size) > kMaxImageMemberBytes) {
+      if (size <= 0 || static_cast<uint64_t>(size) > kMaxImageBytes) {
         throw std::runtime_error(what + ": " + std::to_string(size) +
                                  " bytes, not a JPEG this loader reads");
       }

@@ -20,9 +20,6 @@
 
 namespace conveyor::detail {
 
-// An image member larger than this is refused: no JPEG a loader reads is that large.
-constexpr uint64_t kMaxImageMemberBytes = uint64_t{1} << 28;
-
 // One sample of a tar shard: its image member's bytes and the label beside it.
 struct TarSample {
   std::vector<uint8_t> bytes;

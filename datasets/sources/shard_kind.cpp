@@ -236,7 +236,7 @@ std::unique_ptr<ImageSource::Kind> random_access_kind(const std::vector<ShardLoc
     }
     remote = remote || shard.kind == Where::kHttp;
     for (const detail::IndexedSample& s : indexed.samples) {
-      if (s.size > detail::kMaxImageMemberBytes) {
+      if (s.size > kMaxImageBytes) {
         throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + s.key +
                                  ".jpg is " + std::to_string(s.size) +
                                  " bytes, more than any JPEG this loader reads");

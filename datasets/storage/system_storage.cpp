@@ -309,12 +309,15 @@ void read_range(StorageReader& reader, const StorageFile& file, uint64_t offset,
 }
 
 void read_file(const Storage& storage, StorageReader& reader, const std::string& path,
-               std::vector<uint8_t>& out) {
+               std::vector<uint8_t>& out, uint64_t max_bytes) {
   const std::shared_ptr<const StorageFile> file =
       storage.open_file({StorageLocation::Kind::kLocal, path});
   const uint64_t size = file->size();
   if (size == 0) file_error(path, "empty file");
-  if (size > std::numeric_limits<size_t>::max() / 2) file_error(path, "too large");
+  if (size > max_bytes || size > std::numeric_limits<size_t>::max() / 2) {
+    file_error(path, std::to_string(size) + " bytes, more than the limit of " +
+                         std::to_string(max_bytes) + " bytes");
+  }
   const auto bytes = static_cast<size_t>(size);
   if (out.capacity() < bytes) out.reserve(bytes + bytes / 4);
   out.resize(bytes);
@@ -326,10 +329,10 @@ void read_file(const Storage& storage, StorageReader& reader, const std::string&
   }
 }
 
-void read_file(const std::string& path, std::vector<uint8_t>& out) {
+void read_file(const std::string& path, std::vector<uint8_t>& out, uint64_t max_bytes) {
   static const SystemStorage storage;    // stateless
   SystemReader reader{RemoteOptions{}};  // connects to nothing for a local file
-  read_file(storage, reader, path, out);
+  read_file(storage, reader, path, out, max_bytes);
 }
 
 }  // namespace conveyor

@@ -10,7 +10,9 @@
 // out-of-memory is a finding.
 //
 // `conveyor-jpeg-fuzz --write-seeds DIR` writes the seed corpus (every kind of file that
-// encode_jpeg writes, at small sizes, each with a config tail) and exits.
+// encode_jpeg writes, at small sizes, and progressive files of DecodeLimits::max_scans scans and
+// one more, each with a config tail) and exits. tests/fuzz/conveyor-jpeg-fuzz.dict holds JPEG's
+// marker tokens, and tests/fuzz/corpus/conveyor-jpeg-fuzz/ what long runs found (fuzz_test.sh).
 
 #include <fuzzer/FuzzedDataProvider.h>
 
@@ -28,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "../many_scans_jpeg.h"
 #include "codec/jpeg_segments.h"
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
@@ -226,8 +229,7 @@ int write_seeds(const char* dir) {
       o.exif_big_endian = orientation % 2 == 0;
     });
   }
-  uint64_t state = 12345;
-  int n = 0;
+  std::vector<std::vector<uint8_t>> files;
   for (const Seed& s : seeds) {
     std::vector<uint8_t> rgb(static_cast<size_t>(s.w) * s.h * 3);
     for (size_t i = 0; i < rgb.size(); ++i) {
@@ -237,11 +239,22 @@ int write_seeds(const char* dir) {
     if (s.segment_index) {
       std::vector<uint8_t> indexed;
       if (!conveyor::detail::add_segment_index(file.data(), file.size(), indexed)) {
-        std::fprintf(stderr, "conveyor-jpeg-fuzz: seed %d cannot take a segment index\n", n);
+        std::fprintf(stderr, "conveyor-jpeg-fuzz: seed %zu cannot take a segment index\n",
+                     files.size());
         return 1;
       }
       file = std::move(indexed);
     }
+    files.push_back(std::move(file));
+  }
+  // At the scan limit and over it (DecodeLimits::max_scans).
+  const int max_scans = DecodeLimits{}.max_scans;
+  for (int scans : {max_scans, max_scans + 1}) {
+    files.push_back(conveyor::testing::progressive_jpeg_with_scans(24, 16, scans));
+  }
+  uint64_t state = 12345;
+  int n = 0;
+  for (std::vector<uint8_t>& file : files) {
     for (size_t i = 0; i < kConfigBytes; ++i) {
       state = conveyor::splitmix64(state);
       file.push_back(static_cast<uint8_t>(state));

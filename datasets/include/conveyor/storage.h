@@ -34,6 +34,12 @@
 
 namespace conveyor {
 
+// The largest image the sources read, in bytes (256 MiB): an ImageFolder or FileList file
+// (read_file), a tar shard's image member, a sample its index lists. No JPEG a loader decodes is
+// that large; a larger one (a sparse file made with `truncate -s 3G`, a forged size field) is
+// refused before any memory is allocated for it, as that sample's error (on_error).
+constexpr uint64_t kMaxImageBytes = uint64_t{1} << 28;
+
 // Retries and deadlines of remote reads (HTTP(S), and a pipe: command's output).
 struct RemoteOptions {
   // HTTP(S): a request that times out, is refused or reset, or gets 5xx, 408 or 429 is tried
@@ -202,10 +208,12 @@ std::shared_ptr<const Storage> system_storage();
 void read_range(StorageReader& reader, const StorageFile& file, uint64_t offset, uint64_t size,
                 std::vector<uint8_t>& out);
 // The whole local file `path` into `out` (reusing its capacity). Throws naming the path when the
-// file is missing, not a regular file, unreadable, empty, or shrank while being read.
+// file is missing, not a regular file, unreadable, empty, larger than `max_bytes` (said before
+// anything is allocated, naming the size and the limit), or shrank while being read.
 void read_file(const Storage& storage, StorageReader& reader, const std::string& path,
-               std::vector<uint8_t>& out);
+               std::vector<uint8_t>& out, uint64_t max_bytes = kMaxImageBytes);
 // The same through system_storage().
-void read_file(const std::string& path, std::vector<uint8_t>& out);
+void read_file(const std::string& path, std::vector<uint8_t>& out,
+               uint64_t max_bytes = kMaxImageBytes);
 
 }  // namespace conveyor
