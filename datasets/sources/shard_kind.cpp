@@ -17,6 +17,7 @@
 #include "sources/image_kind.h"
 #include "sources/shard_stream.h"
 #include "storage/http.h"
+#include "text/printable.h"
 
 namespace conveyor {
 
@@ -236,17 +237,18 @@ std::unique_ptr<ImageSource::Kind> random_access_kind(const std::vector<ShardLoc
     }
     remote = remote || shard.kind == Where::kHttp;
     for (const detail::IndexedSample& s : indexed.samples) {
+      const std::string key = detail::printable(s.key);
       if (s.size > detail::kMaxImageMemberBytes) {
-        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + s.key +
+        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
                                  ".jpg is " + std::to_string(s.size) +
                                  " bytes, more than any JPEG this loader reads");
       }
       if (s.size == 0 || s.offset > indexed.bytes || s.size > indexed.bytes - s.offset) {
-        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + s.key +
+        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
                                  ".jpg lies outside shard " + where);
       }
       members.push_back({static_cast<uint32_t>(i), s.offset, s.size});
-      items.push_back({where + " (member " + s.key + ".jpg)", s.label});
+      items.push_back({where + " (member " + key + ".jpg)", s.label});
     }
     files.push_back(std::move(file));
   }
