@@ -31,7 +31,6 @@ run="$build/ctest-run-$target"
 rm -rf "$run"
 mkdir -p "$run/corpus" "$run/artifacts"
 "$fuzzer" --write-seeds "$run/corpus"
-
 flags=()
 [ -f "tests/fuzz/$target.dict" ] && flags+=(-dict="$src/tests/fuzz/$target.dict")
 if [ -f "tests/fuzz/$target.options" ]; then

@@ -219,8 +219,9 @@ class ShardInputs {
   const std::vector<conveyor::ShardLocation>& shards() const { return shards_; }
 
   // Fills window[0, n) with the next samples (name, label, bytes; `error` set for a sample
-  // without a label) and returns n: fewer than the window only at the end, or when a shard
-  // failed (then `failure` says how, and the next call goes on with the next shard).
+  // without a label, or one the shard's reader refused) and returns n: fewer than the window only
+  // at the end, or when a shard failed (then `failure` says how, and the next call goes on with the
+  // next shard).
   size_t read(std::vector<Checked>& window, std::string& failure) {
     failure.clear();
     size_t n = 0;
@@ -244,7 +245,9 @@ class ShardInputs {
       c.name = sample_.name;
       c.label = sample_.label;
       c.bytes.swap(sample_.bytes);
-      c.error = sample_.has_label ? "" : "no .cls member beside it (the label)";
+      c.error = !sample_.error.empty() ? sample_.error
+                : sample_.has_label    ? ""
+                                       : "no .cls member beside it (the label)";
     }
     return n;
   }

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "shards/names.h"
+#include "conveyor/internal/printable.h"
 
 namespace conveyor::detail {
 
@@ -19,7 +20,6 @@ using Json = nlohmann::ordered_json;  // keys written in the order the format sh
 
 constexpr const char* kFormat = "conveyor-wds-index";
 constexpr int kVersion = 1;
-constexpr size_t kMaxIndexBytes = size_t{1} << 30;  // an index larger is refused
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw std::runtime_error("tar_shards: index " + where + ": " + what);
@@ -68,13 +68,90 @@ const IndexedShard* ShardIndex::find(const std::string& file) const {
   return it == by_file.end() ? nullptr : &shards[it->second];
 }
 
-ShardIndex parse_index(const std::string& text, const std::string& where) {
-  Json doc;
-  try {
-    doc = Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    fail(where, std::string("not JSON: ") + e.what());
+namespace {
+
+// Reads the index's text through nlohmann's parser with a callback that bounds the nesting depth
+// as each array or object opens (so that no deeper one is ever built), and takes each object of
+// the root's "samples" array out of the document as soon as it is parsed: the samples, nearly all
+// of an index, are held once, as IndexedSample, instead of as JSON objects too.
+class IndexParser {
+ public:
+  explicit IndexParser(const std::string& where) : where_(where) {}
+
+  // The document without its samples' objects (the root's "samples" array is left empty).
+  Json parse(const std::string& text) {
+    const Json::parser_callback_t callback = [this](int depth, Json::parse_event_t event,
+                                                    Json& parsed) {
+      return on_event(depth, event, parsed);
+    };
+    try {
+      return Json::parse(text, callback);
+    } catch (const Json::parse_error& e) {
+      fail(where_, std::string("not JSON: ") + e.what());
+    }
   }
+
+  // The samples taken out, in the text's order, each with its shard's name.
+  struct Sample {
+    size_t shard = 0;  // into shard_names
+    IndexedSample sample;
+  };
+  std::vector<Sample> samples;
+  std::vector<std::string> shard_names;  // the "shard" of the samples, each once
+
+ private:
+  // Depths as nlohmann counts them: the root is 0, the "samples" array 1, a sample object 2.
+  bool on_event(int depth, Json::parse_event_t event, Json& parsed) {
+    using Event = Json::parse_event_t;
+    const bool opens = event == Event::array_start || event == Event::object_start;
+    if (opens && depth >= static_cast<int>(kMaxIndexDepth)) {
+      fail(where_, "arrays and objects nested more than " + std::to_string(kMaxIndexDepth) +
+                       " deep (an index has 3 levels)");
+    }
+    if (depth == 1 && event == Event::key) {
+      samples_key_ = parsed == "samples";
+      if (samples_key_ && samples_seen_) fail(where_, "\"samples\" is given twice");
+      samples_seen_ = samples_seen_ || samples_key_;
+    } else if (depth == 1 && event == Event::array_start) {
+      in_samples_ = samples_key_;
+    } else if (depth == 1 && event == Event::array_end) {
+      in_samples_ = false;
+    } else if (in_samples_ && depth == 2 && event != Event::object_end &&
+               event != Event::object_start) {
+      // A sample that is not an object: refused here, so that the array stays empty and the
+      // parser's removal of each object taken out costs nothing.
+      fail(where_, "a sample that is not an object");
+    } else if (in_samples_ && depth == 2 && event == Event::object_end) {
+      take_sample(parsed);
+      return false;  // not kept in the document
+    }
+    return true;
+  }
+
+  void take_sample(const Json& s) {
+    const std::string shard = string_of(s, "shard", where_, "a sample");
+    IndexedSample sample;
+    sample.key = string_of(s, "key", where_, "a sample");
+    sample.offset = static_cast<uint64_t>(integer_of(s, "offset", where_, "a sample"));
+    sample.size = static_cast<uint64_t>(integer_of(s, "size", where_, "a sample"));
+    sample.label = integer_of(s, "label", where_, "a sample", true);
+    const auto [it, added] = shard_ids_.emplace(shard, shard_names.size());
+    if (added) shard_names.push_back(shard);
+    samples.push_back({it->second, std::move(sample)});
+  }
+
+  const std::string& where_;
+  bool samples_key_ = false;   // the root's key being read is "samples"
+  bool samples_seen_ = false;  // the root had a "samples" key
+  bool in_samples_ = false;    // inside the root's "samples" array
+  std::map<std::string, size_t> shard_ids_;
+};
+
+}  // namespace
+
+ShardIndex parse_index(const std::string& text, const std::string& where) {
+  IndexParser parser(where);
+  Json doc = parser.parse(text);
   if (!doc.is_object()) fail(where, "not a JSON object");
   if (!doc.contains("format") || doc["format"] != kFormat) {
     fail(where, std::string("no \"format\": \"") + kFormat + "\"");
@@ -97,24 +174,21 @@ ShardIndex parse_index(const std::string& text, const std::string& where) {
     shard.bytes = static_cast<uint64_t>(integer_of(s, "bytes", where, "a shard"));
     if (shard.file.empty()) fail(where, "a shard with an empty \"file\"");
     if (!position.emplace(shard.file, index.shards.size()).second) {
-      fail(where, "shard " + shard.file + " is listed twice");
+      fail(where, "shard " + printable(shard.file) + " is listed twice");
     }
     index.shards.push_back(std::move(shard));
   }
-  for (const Json& s : array_of(doc, "samples", where)) {
-    if (!s.is_object()) fail(where, "a sample that is not an object");
-    const std::string shard = string_of(s, "shard", where, "a sample");
-    IndexedSample sample;
-    sample.key = string_of(s, "key", where, "a sample");
-    sample.offset = static_cast<uint64_t>(integer_of(s, "offset", where, "a sample"));
-    sample.size = static_cast<uint64_t>(integer_of(s, "size", where, "a sample"));
-    sample.label = integer_of(s, "label", where, "a sample", true);
-    const auto found = position.find(shard);
+  (void)array_of(doc, "samples", where);  // its objects were taken out as they were parsed
+  std::vector<IndexedShard*> shard_of;    // per name in parser.shard_names
+  for (const std::string& name : parser.shard_names) {
+    const auto found = position.find(name);
     if (found == position.end()) {
-      throw std::runtime_error("tar_shards: index " + where + ": samples in " + shard +
-                               ", which its \"shards\" does not list");
+      fail(where, "samples in " + printable(name) + ", which its \"shards\" does not list");
     }
-    index.shards[found->second].samples.push_back(std::move(sample));
+    shard_of.push_back(&index.shards[found->second]);
+  }
+  for (IndexParser::Sample& s : parser.samples) {
+    shard_of[s.shard]->samples.push_back(std::move(s.sample));
   }
   return index;
 }
@@ -155,6 +229,7 @@ bool load_index(StorageReader& reader, const std::string& location, const std::s
     throw std::runtime_error("tar_shards: " + shard + ": cannot read its index: " + e.what());
   }
   const std::string text(bytes.begin(), bytes.end());
+  std::vector<uint8_t>().swap(bytes);  // the text is held once while it is parsed
   if (!lenient) {
     index = parse_index(text, location);
     return true;

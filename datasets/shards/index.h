@@ -11,6 +11,14 @@
 // (Debian's nlohmann-json3-dev); keys the reader does not know are skipped, so a later writer may
 // add some. write_index() is a pure function of the index: the same index, the same bytes.
 // Invariant of a parsed index: every sample's shard is listed, and no number is negative.
+//
+// Limits, for an index from anywhere (a server, a command, a downloaded file), checked before
+// the bytes they bound are read or built: an index is at most kMaxIndexBytes (a local file's
+// size is checked before any byte is read; a longer one is refused, naming it), and its arrays and
+// objects nest at most kMaxIndexDepth deep (a deeper one is refused as it opens: nlohmann's
+// values copy and compare recursively, and ~200 KB of "[[[..." would overflow the stack). Parsing
+// holds the text and the samples once (about 2.5 times the text at most), not a JSON document of
+// the samples.
 #pragma once
 
 #include <cstddef>
@@ -23,6 +31,11 @@
 #include "conveyor/storage.h"
 
 namespace conveyor::detail {
+
+// The largest index read: 1 GiB, about ten million samples (ImageNet's 1.28 million take 120 MB).
+constexpr size_t kMaxIndexBytes = size_t{1} << 30;
+// The deepest nesting of arrays and objects in an index (the format's own is 3).
+constexpr size_t kMaxIndexDepth = 64;
 
 struct IndexedSample {
   std::string key;
@@ -47,7 +60,8 @@ struct ShardIndex {
 
 // Parses the text of an index. Throws std::runtime_error "tar_shards: index WHERE: WHAT" for
 // text that is not JSON, or not an index of version 1 (a missing field, a wrong type, a negative
-// number, samples in a shard it does not list).
+// number, samples in a shard it does not list, "samples" given twice), or nested deeper than
+// kMaxIndexDepth. Names from the text are in the message through printable().
 ShardIndex parse_index(const std::string& text, const std::string& where);
 
 // The text of `index`: one line of JSON, the keys in the order shown above.

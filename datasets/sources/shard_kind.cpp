@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "conveyor/datasets.h"
+#include "conveyor/internal/printable.h"
 #include "shards/index.h"
 #include "shards/names.h"
 #include "shards/tar_reader.h"
@@ -236,17 +237,18 @@ std::unique_ptr<ImageSource::Kind> random_access_kind(const std::vector<ShardLoc
     }
     remote = remote || shard.kind == Where::kHttp;
     for (const detail::IndexedSample& s : indexed.samples) {
+      const std::string key = detail::printable(s.key);
       if (s.size > kMaxImageBytes) {
-        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + s.key +
+        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
                                  ".jpg is " + std::to_string(s.size) +
                                  " bytes, more than any JPEG this loader reads");
       }
       if (s.size == 0 || s.offset > indexed.bytes || s.size > indexed.bytes - s.offset) {
-        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + s.key +
+        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
                                  ".jpg lies outside shard " + where);
       }
       members.push_back({static_cast<uint32_t>(i), s.offset, s.size});
-      items.push_back({where + " (member " + s.key + ".jpg)", s.label});
+      items.push_back({where + " (member " + key + ".jpg)", s.label});
     }
     files.push_back(std::move(file));
   }

@@ -166,6 +166,7 @@ int64_t ShardStream::fetch(uint64_t seed, uint64_t epoch, size_t position,
                          : ": " + errors_));
   }
   const Entry& entry = it->second;
+  if (!entry.error.empty()) throw std::runtime_error(entry.name + ": " + entry.error);
   if (!entry.has_label) {
     throw std::runtime_error(entry.name + ": no .cls member beside it (the label)");
   }

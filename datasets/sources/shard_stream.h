@@ -68,8 +68,9 @@ class ShardStream {
   // Copies position `position` of the (seed, epoch) stream into `out` and returns its label,
   // waiting for the reader as long as it takes (its reads have deadlines, so it always ends).
   // Starts that stream if another runs (a new epoch). Throws std::runtime_error naming the
-  // shard and member for a sample without a label, naming the shards' read errors when the
-  // stream ended before `position`, or when `position` was already dropped (read out of order).
+  // shard and member for a sample without a label or a failed position (TarSample::error: a
+  // damaged header, a refused member, a label that is not one), naming the shards' read errors when
+  // the stream ended before `position`, or when `position` was already dropped (read out of order).
   int64_t fetch(uint64_t seed, uint64_t epoch, size_t position, std::vector<uint8_t>& out);
 
   // "SHARD (member KEY.jpg)" while the position is held, else "stream position N".

@@ -198,6 +198,11 @@ class SystemReader final : public StorageReader {
         struct stat st {};
         if (::stat(where.location.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
         const auto file = open_local(where.location);
+        if (file->size() > max_bytes) {
+          throw std::runtime_error(where.name() + ": " + std::to_string(file->size()) +
+                                   " bytes, more than the " + std::to_string(max_bytes) +
+                                   " it may have");
+        }
         out.resize(static_cast<size_t>(std::min<uint64_t>(file->size(), max_bytes + 1)));
         size_t done = 0;
         while (done < out.size()) {

@@ -14,9 +14,14 @@
 // crash, a sanitizer report, a broken invariant (abort), a leak, a hang or an out-of-memory is a
 // finding.
 //
-// `conveyor-shard-fuzz --write-seeds DIR` writes the seed corpus and exits.
+// `conveyor-shard-fuzz --write-seeds DIR` writes the seed corpus and exits: the fixture's index
+// and shard, shard names, and the hostile inputs of issue 29 (an index nested 100,000 deep, a
+// shard of GNU sparse members claiming 255 MiB each, a header with a wrong checksum), which need
+// the max_len of conveyor-shard-fuzz.options. tests/fuzz_test.sh also passes
+// conveyor-shard-fuzz.dict and fuzzes corpus/shard/, the inputs long runs found.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -40,8 +45,10 @@ namespace fs = std::filesystem;
 
 constexpr size_t kMaxSamples = 64;  // samples written per input at most
 
+// Appends a member: ustar, or with `expanded` a GNU sparse one (type 'S') whose `data` is its
+// first bytes and the rest, up to `expanded`, a hole.
 void append_tar_member(std::vector<uint8_t>& tar, const std::string& name,
-                       const std::vector<uint8_t>& data) {
+                       const std::vector<uint8_t>& data, uint64_t expanded = 0) {
   std::vector<uint8_t> header(512, 0);
   std::memcpy(header.data(), name.data(), std::min<size_t>(name.size(), 99));
   std::snprintf(reinterpret_cast<char*>(&header[100]), 8, "%07o", 0644);
@@ -54,6 +61,19 @@ void append_tar_member(std::vector<uint8_t>& tar, const std::string& name,
   std::memcpy(&header[257], "ustar", 6);
   header[263] = '0';
   header[264] = '0';
+  if (expanded != 0) {
+    header[156] = 'S';
+    std::memcpy(&header[257], "ustar  ", 8);
+    const auto octal12 = [&](size_t at, uint64_t value) {
+      std::snprintf(reinterpret_cast<char*>(&header[at]), 12, "%011llo",
+                    static_cast<unsigned long long>(value));
+    };
+    octal12(386, 0);            // sparse[0]: the data, at offset 0 ...
+    octal12(398, data.size());  // ... of data.size() bytes
+    octal12(410, expanded);     // sparse[1]: the end
+    octal12(422, 0);
+    octal12(483, expanded);  // the expanded size
+  }
   std::memset(&header[148], ' ', 8);
   unsigned sum = 0;
   for (uint8_t b : header) sum += b;
@@ -234,6 +254,25 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
       std::vector<uint8_t> tar(1, 1);
       tar.insert(tar.end(), f.tar.begin(), f.tar.end());
       write(out / "tar", tar.data(), tar.size());
+      // Issue 29's hostile inputs.
+      std::string deep = "\x00{\"format\": \"conveyor-wds-index\", \"version\": 1, \"x\": ";
+      deep += std::string(100000, '[') + std::string(100000, ']') + "}";
+      write(out / "index-deep", reinterpret_cast<const uint8_t*>(deep.data()), deep.size());
+      std::vector<uint8_t> sparse(1, 1);
+      for (int i = 0; i < 8; ++i) {
+        const std::string key = "0000000" + std::to_string(i);
+        append_tar_member(sparse, key + ".jpg", std::vector<uint8_t>(512, 0xab),
+                          uint64_t{255} << 20);
+        append_tar_member(sparse, key + ".cls", {'1'});
+      }
+      sparse.resize(sparse.size() + 1024, 0);
+      write(out / "tar-sparse", sparse.data(), sparse.size());
+      // The second sample's .jpg header with a wrong checksum (its name's first byte changed).
+      std::vector<uint8_t> damaged = tar;
+      const std::string second = "00000001.jpg";
+      const auto at = std::search(damaged.begin(), damaged.end(), second.begin(), second.end());
+      if (at != damaged.end()) *at ^= 0x20;
+      write(out / "tar-damaged", damaged.data(), damaged.size());
       const char* names[] = {
           "/data/train-{000000..000012}.tar,{a,b}-{0..3}.tar",
           "http://host:8080/shards/train-{000..009}.tar?X-Amz-Signature=abc#frag",

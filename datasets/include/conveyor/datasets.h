@@ -279,8 +279,13 @@ class ImageSource : public SampleSource {
   // the shard goes on from the byte where it stopped: no sample is read twice. A shard that still
   // cannot be read (truncated, a dead server, a command that keeps failing) loses the samples it
   // still held; the stream then ends early and its last positions fail through on_error, naming
-  // the failed shards, one line each (the first three, and how many more). describe(i) names the
-  // shard and member while position i is held.
+  // the failed shards, one line each (the first three, and how many more). Damage that leaves the
+  // rest of a shard readable fails one position, through on_error, and the stream goes on: a tar
+  // header with a wrong checksum (named by its byte offset; the reader resumes at the next valid
+  // header), an image member over 256 MiB or sparse (refused before it is read), a label that is
+  // not decimal text. A local shard without an index that is cut short counts the samples before
+  // the cut, and one for a header the cut goes through, so the loss is a counted failure too.
+  // describe(i) names the shard and member while position i is held.
   //
   // HTTP requests that time out, are refused or reset, or get 5xx, 408 or 429 are retried
   // (ShardOptions); then, or at once for other statuses, the read throws naming the URL and the
@@ -288,9 +293,12 @@ class ImageSource : public SampleSource {
   // Throws std::invalid_argument for an unsupported URL scheme, malformed braces, a rank outside
   // world_size, fewer shards than ranks, or remote or pipe: shards streamed without an index or
   // epoch_samples; std::runtime_error naming the file or URL for a missing or unreadable shard
-  // or index, a malformed index, a shard the index does not list, a local shard longer than the
-  // index says (rewritten since), a server that ignores Range in random-access mode, or shards
-  // that hold no samples.
+  // or index, a malformed index, an index over 1 GiB (a local one refused before it is read) or
+  // nested more than 64 levels deep, a shard the index does not list, a local shard longer than
+  // the index says (rewritten since), a server that ignores Range in random-access mode, or
+  // shards that hold no samples. Names from shards and indexes (members, keys) appear in messages
+  // and in items() escaped (control characters as \n, \x1b, ...; cut after 256 bytes), so that
+  // none can fake a line of a log.
   static std::unique_ptr<ImageSource> tar_shards(const std::vector<std::string>& shards,
                                                  ImageTransform transform,
                                                  const ShardOptions& options = ShardOptions());

@@ -174,7 +174,8 @@ class StorageReader {
   }
   // The whole of `where` (a file, a URL, a command's output) into `out`, at most `max_bytes`.
   // False when it does not exist (no such local file, HTTP 404 or 410); throws naming it when it
-  // cannot be read (a command that fails: its exit status and stderr).
+  // cannot be read (a command that fails: its exit status and stderr) or holds more than
+  // `max_bytes` (a local file: checked before any byte is read).
   virtual bool read_whole(const StorageLocation& where, size_t max_bytes,
                           std::vector<uint8_t>& out) = 0;
   // The bytes of `where`, streamed: a local file, one plain GET, a command's output. `cancel`
