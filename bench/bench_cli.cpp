@@ -91,7 +91,8 @@ BenchConfig parse_command_line(int argc, char** argv) {
          "command whose output is the shard); several shard patterns comma-separated (outside\n"
          "braces and quotes), e.g. http://host:8080/train-{000000..000009}.tar or\n"
          "\"pipe:aws s3 cp s3://bucket/train-{000000..000009}.tar -\" (pipe: shards, and shards\n"
-         "without an index, are always streamed; a server that ignores Range needs --streaming)")
+         "without an index, are always streamed; a server that ignores Range needs --streaming).\n"
+         "A SOURCE that names an existing file or folder is that path, literally.")
       ->type_name("SOURCE");
   app.add_option("--generate", generate,
                  "generate (once, cached) a photo-like dataset of about N images and use it")

@@ -72,8 +72,8 @@ c10::Device parse_device(const std::string& d) { return c10::Device(d); }
 
 bool is_shard_source(const std::string& data) { return names_tar_shards(data); }
 
-std::vector<std::string> shard_patterns(const std::string& data) {
-  std::vector<std::string> out = split_shard_patterns(data);
+std::vector<ShardLocation> shard_locations(const std::string& data) {
+  std::vector<ShardLocation> out = shard_argument_locations(data);
   if (out.empty()) throw std::invalid_argument("no shard pattern in '" + data + "'");
   return out;
 }
@@ -81,7 +81,7 @@ std::vector<std::string> shard_patterns(const std::string& data) {
 SourceKind source_kind(const std::string& data) {
   if (!is_shard_source(data)) return SourceKind::kImageFolder;
   std::set<ShardLocation::Kind> kinds;
-  for (const auto& p : shard_patterns(data)) kinds.insert(parse_shard_location(p).kind);
+  for (const ShardLocation& shard : shard_locations(data)) kinds.insert(shard.kind);
   if (kinds.size() > 1) return SourceKind::kMixedShards;
   switch (*kinds.begin()) {
     case ShardLocation::Kind::kLocal:
@@ -117,7 +117,7 @@ std::unique_ptr<ImageSource> open_source(const std::string& data, ImageTransform
   }
   ShardOptions options;
   options.streaming = streaming;
-  return ImageSource::tar_shards(shard_patterns(data), transform, options);
+  return ImageSource::tar_shards(shard_locations(data), transform, options);
 }
 
 RunResult run_conveyor(const BenchConfig& config, const std::string& name) {

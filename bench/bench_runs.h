@@ -15,15 +15,17 @@ namespace conveyor::bench {
 
 // What --data and --reference-data name: an ImageFolder, or WebDataset tar shards (local paths,
 // file:// or http(s):// URLs, pipe:COMMAND, brace patterns) read through ImageSource::tar_shards.
-// The library's shard parser (conveyor::names_tar_shards, split_shard_patterns,
-// parse_shard_location) decides, as it does for tar_shards and conveyor-prepare.
+// The library's reading of a command-line argument (conveyor::names_tar_shards,
+// shard_argument_locations) decides, as it does for conveyor-prepare: an existing file or folder
+// is that path, literally; anything else is the user's patterns.
 enum class SourceKind { kImageFolder, kLocalShards, kHttpShards, kPipeShards, kMixedShards };
 
 // True when `data` names tar shards (conveyor::names_tar_shards). Anything else is an ImageFolder.
 bool is_shard_source(const std::string& data);
-// The comma-separated patterns of a shard source, split outside braces and quotes
-// (conveyor::split_shard_patterns: "{train,val}.tar" stays one pattern). Throws when none.
-std::vector<std::string> shard_patterns(const std::string& data);
+// The shards a shard source names (conveyor::shard_argument_locations: an existing file is that
+// file; else comma-separated patterns, split outside braces and quotes, "{train,val}.tar" one
+// pattern, then expanded). Throws when none.
+std::vector<ShardLocation> shard_locations(const std::string& data);
 SourceKind source_kind(const std::string& data);
 // "image_folder", "tar_shards (local)", "tar_shards (http)", "tar_shards (pipe)" or
 // "tar_shards (mixed)".

@@ -9,8 +9,9 @@
 //                  [--generate-only]
 //
 // SOURCE is an ImageFolder or WebDataset tar shards (ImageSource::tar_shards: local paths,
-// file:// or http(s):// URLs, pipe:COMMAND, brace patterns, comma-separated). Without --data it
-// generates (once, cached) the photo-like default dataset, or with --dataset mixed the same photos
+// file:// or http(s):// URLs, pipe:COMMAND, brace patterns, comma-separated; an existing file or
+// folder is that path, literally). Without --data it generates (once, cached) the photo-like
+// default dataset, or with --dataset mixed the same photos
 // with a few percent gray, CMYK, YCCK, progressive and 4:4:4 files. Each --reference-data adds a
 // run "conveyor:NAME", Conveyor with the same options on another source (the same images as shards,
 // over HTTP, or as a folder), in the same rounds as the other references. The references that
@@ -71,7 +72,7 @@ void warm_page_cache(const std::string& data) {
   }
   size_t remote = 0;
   bytes.resize(1 << 20);
-  for (const ShardLocation& shard : expand_shard_locations(shard_patterns(data))) {
+  for (const ShardLocation& shard : shard_locations(data)) {
     if (shard.kind != ShardLocation::Kind::kLocal) {
       ++remote;
       continue;

@@ -2,7 +2,7 @@
 # conveyor-bench as a user runs it: generates its dataset, prints a throughput, writes the JSON
 # fields it promises, says when there is no GPU, applies --on-error to a bad file, and reads tar
 # shards (made by conveyor-prepare, found beside the bench: build/tools/) with a folder reference,
-# and runs --workers auto.
+# reads a shard named like a pipe: command as the file it is, and runs --workers auto.
 set -euo pipefail
 bench="$1"
 python="${2:-python3}"  # a Python with matplotlib: the one conveyor-bench --plot runs
@@ -61,6 +61,23 @@ for expect in '"source": "tar_shards (local)"' '"images": 20,' '"conveyor_folder
   "\"conveyor_folder_data\": \"$folder\"" '"conveyor_folder_images": 20,' "\"ceiling_data\": \"$folder\"" \
   '"conveyor_folder_ratio"' '"conveyor_folder_images_per_s_rounds": ['; do
   grep -qF "$expect" "$tmp/shards.json" || fail "JSON lacks $expect: $(cat "$tmp/shards.json")"
+done
+# A downloaded shard named like a comma list with a pipe: command (issue 29): --data names an
+# existing file, so it is that file, literally, relative or absolute; nothing runs (the command
+# would create PWNED in the current folder).
+mkdir -p "$tmp/evil"
+bench_path=$(readlink -f "$bench")  # run from $tmp/evil
+for name in 'a.tar,pipe:touch PWNED;x-000000.tar' '{pipe:touch PWNED;y-000000,z}.tar'; do
+  cp "$tmp/wds/train-000000.tar" "$tmp/evil/$name"
+  for data in "$name" "$tmp/evil/$name"; do
+    (cd "$tmp/evil" && "$bench_path" --data "$data" --batch-size 2 --workers 2 --epochs 1 --rounds 1 \
+      --json "$tmp/evil.json" >"$tmp/stdout" 2>"$tmp/stderr") ||
+      fail "bench on a shard named $data failed: $(cat "$tmp/stderr")"
+    grep -qF '"source": "tar_shards (local)"' "$tmp/evil.json" ||
+      fail "a shard named $data is not one local shard: $(cat "$tmp/evil.json")"
+    grep -Eq '"images": [1-9]' "$tmp/evil.json" || fail "no images from $data: $(cat "$tmp/evil.json")"
+    [ -z "$(find "$tmp" -name 'PWNED*')" ] || fail "--data $data ran a command"
+  done
 done
 # --plot: an SVG with the three panels, a line per run, the time split; its figures agree with the
 # JSON's (worker time by stage within the fill time, decode the largest stage).

@@ -5,8 +5,10 @@
 //
 // Guarantees: the output is a pure function of the input files and the options other than
 // --workers (same inputs, same bytes): samples keep the source's order, keys are the source's
-// sample indices, tar headers carry no time or owner (prepare_output.h). Exit status: 0 done, 1 a
-// failure (or an undecodable input under --on-error raise), 2 a usage error. The command line is
+// sample indices, tar headers carry no time or owner (prepare_output.h). Names from data (an
+// index's class names) become paths only through detail::path_under. Exit status: 0 done, 1 a
+// failure (no sample read from SRC, a name from data that is not one path segment, or an
+// undecodable input under --on-error raise), 2 a usage error. The command line is
 // CLI11's (Debian's libcli11-dev); --help is generated from the options below.
 #include <algorithm>
 #include <atomic>
@@ -74,7 +76,8 @@ void describe(CLI::App& app, Options& o) {
          "list's folder), or WebDataset tar shards, named as tar_shards and conveyor-bench\n"
          "--data name them: local paths, file://, http(s)://, \"pipe:COMMAND\" (its output\n"
          "is the shard, e.g. \"pipe:aws s3 cp s3://bucket/train-{000000..000146}.tar -\"),\n"
-         "brace patterns, several comma-separated. Shards are read in order, each sample\n"
+         "brace patterns, several comma-separated (an existing file or folder is always\n"
+         "that path, literally). Shards are read in order, each sample\n"
          "KEY.jpg|jpeg with KEY.cls (other members ignored); their index's classes are kept\n"
          "where they have one (for --format folder without one, the class folders are the\n"
          "labels as six digits).")
@@ -87,7 +90,9 @@ void describe(CLI::App& app, Options& o) {
          "DST.index.json, which gives every sample's shard, .jpg data offset and size, and\n"
          "label (read by conveyor::ImageSource::tar_shards).\n"
          "--format folder: an ImageFolder at DST (DST/<class>/KEY.jpg); DST must be empty\n"
-         "or absent.")
+         "or absent. Class names from an index must each be one path segment (not empty,\n"
+         "'.' or '..', no '/', '\\' or NUL), or the run stops before writing.\n"
+         "A SRC that yields no sample is an error (exit 1; no index is written).")
       ->required();
   app.add_option("--format", o.format,
                  "wds (tar shards and their index) or folder (an ImageFolder)")
@@ -212,7 +217,7 @@ bool rewrite_with_restarts(conveyor::JpegDecoder& decoder, int target,
 class ShardInputs {
  public:
   explicit ShardInputs(const std::string& src)
-      : shards_(conveyor::expand_shard_locations(conveyor::split_shard_patterns(src))),
+      : shards_(conveyor::shard_argument_locations(src)),
         reader_(conveyor::system_storage()->reader(options_)) {
     if (shards_.empty()) throw UsageError("SRC names no shards: '" + src + "'");
   }
@@ -396,6 +401,14 @@ int run(const Options& o) {
     }
   }
 
+  if (inputs == 0) {
+    std::cerr << "conveyor-prepare: no samples were read from " << o.src
+              << (failed_shards > 0 ? " (" + std::to_string(failed_shards) +
+                                          " shards could not be read; see above)"
+                                    : std::string())
+              << ": nothing written, the index not written\n";
+    return 1;
+  }
   uint64_t bytes = 0;
   std::string where;
   if (shards) {

@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "shards/names.h"
+
 namespace conveyor::tools {
 
 namespace fs = std::filesystem;
@@ -85,6 +87,7 @@ void ShardWriter::add(const std::string& key, const std::vector<uint8_t>& jpeg, 
         [file = file_.get()](const void* data, size_t size) { file->write(data, size); });
     index_.shards.push_back({fs::path(dst_ + suffix).filename().string(), 0, {}});
   }
+  detail::check_path_segment(key + ".jpg", "--format wds: sample key");  // a member name
   const uint64_t offset = tar_->add(key + ".jpg", jpeg.data(), jpeg.size());
   tar_->add(key + ".cls", cls.data(), cls.size());
   index_.shards.back().samples.push_back({key, offset, jpeg.size(), label});
@@ -117,6 +120,9 @@ FolderWriter::FolderWriter(const std::string& dst, std::vector<std::string> clas
                              ": exists and is not empty (--format folder writes a new "
                              "ImageFolder)");
   }
+  // Class names come from data (a shard index, perhaps downloaded): each one path segment under
+  // DST, all checked before anything is created.
+  for (const auto& c : classes_) (void)detail::path_under(dst_, c, "--format folder: class name");
   for (const auto& c : classes_) fs::create_directories(dst_ / c);
   fs::create_directories(dst_);
 }
@@ -138,9 +144,10 @@ void FolderWriter::add(const std::string& key, const std::vector<uint8_t>& jpeg,
       throw std::runtime_error("label " + std::to_string(label) + " outside the index's " +
                                std::to_string(classes_.size()) + " classes");
     }
-    folder = dst_ / classes_[static_cast<size_t>(label)];
+    folder = detail::path_under(dst_, classes_[static_cast<size_t>(label)],
+                                "--format folder: class name");
   }
-  AtomicFile file((folder / (key + ".jpg")).string());
+  AtomicFile file(detail::path_under(folder, key + ".jpg", "--format folder: sample key").string());
   file.write(jpeg.data(), jpeg.size());
   file.commit();
   bytes_ += jpeg.size();

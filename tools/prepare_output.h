@@ -48,7 +48,8 @@ class ShardWriter {
   ShardWriter(std::string dst, uint64_t shard_size, std::vector<std::string> classes,
               std::function<void(const std::string&, size_t, uint64_t)> on_shard);
   ~ShardWriter();
-  // Adds sample KEY: members KEY.jpg (the bytes) and KEY.cls (the label as decimal text).
+  // Adds sample KEY: members KEY.jpg (the bytes) and KEY.cls (the label as decimal text). KEY.jpg
+  // must be one path segment (detail::check_path_segment): a reader may extract it.
   void add(const std::string& key, const std::vector<uint8_t>& jpeg, int64_t label);
   // Closes the last shard and writes the index. Returns the shards' total bytes.
   uint64_t finish();
@@ -68,7 +69,10 @@ class ShardWriter {
 
 // --format folder: DST/<class>/KEY.jpg. Without class names (shards without an index) a label's
 // folder is its number as six digits, made when first needed; finish() adds the empty ones below
-// the largest label, so that the sorted names give the labels back.
+// the largest label, so that the sorted names give the labels back. Class names and keys come
+// from data: each must be one path segment (detail::path_under), or the constructor (for a class
+// name, before anything is created) or add() throws std::invalid_argument naming it; no file is
+// written outside DST.
 class FolderWriter {
  public:
   FolderWriter(const std::string& dst, std::vector<std::string> classes);

@@ -215,9 +215,9 @@ std::string write_index(const ShardIndex& index) {
   return doc.dump() + "\n";
 }
 
-bool load_index(StorageReader& reader, const std::string& location, const std::string& shard,
+bool load_index(StorageReader& reader, const ShardLocation& where, const std::string& shard,
                 bool lenient, ShardIndex& index, std::string& why) {
-  const ShardLocation where = parse_shard_location(location);
+  const std::string location = where.name();
   std::vector<uint8_t> bytes;
   try {
     if (!reader.read_whole(where, kMaxIndexBytes, bytes)) return false;
@@ -253,7 +253,8 @@ std::vector<std::string> shard_classes(const std::vector<ShardLocation>& shards,
   const std::unique_ptr<StorageReader> reader = storage->reader(options);
   ShardIndex index;
   std::string why;
-  const std::string where = options.index.empty() ? index_location_for(first) : options.index;
+  const ShardLocation where =
+      options.index.empty() ? index_location_for(first) : parse_shard_location(options.index);
   const bool lenient = options.index.empty() && first.kind == ShardLocation::Kind::kPipe;
   if (!load_index(*reader, where, first.name(), lenient, index, why)) return {};
   return index.classes;

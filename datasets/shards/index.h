@@ -67,11 +67,12 @@ ShardIndex parse_index(const std::string& text, const std::string& where);
 // The text of `index`: one line of JSON, the keys in the order shown above.
 std::string write_index(const ShardIndex& index);
 
-// The index at `location` (a path, URL or pipe: command), read through `reader`. False when there
-// is none there (no file, HTTP 404); with `lenient` (the index beside pipe: shards) also when the
-// command fails or writes no index, with `why` set. Throws naming `shard` when it cannot be read,
-// and as parse_index when it is not an index.
-bool load_index(StorageReader& reader, const std::string& location, const std::string& shard,
+// The index at `where` (a path, URL or pipe: command: index_location_for, or the user's
+// ShardOptions::index), read through `reader`. False when there is none there (no file, HTTP
+// 404); with `lenient` (the index beside pipe: shards) also when the command fails or writes no
+// index, with `why` set. Throws naming `shard` when it cannot be read, and as parse_index when it
+// is not an index.
+bool load_index(StorageReader& reader, const ShardLocation& where, const std::string& shard,
                 bool lenient, ShardIndex& index, std::string& why);
 
 // The classes that the index of the first of `shards` names (beside it, as tar_shards finds it,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
@@ -233,9 +234,39 @@ std::vector<std::string> split_shard_patterns(const std::string& text) {
   return out;
 }
 
+ShardLocation literal_shard_location(const std::string& name) {
+  auto starts = [&](const char* prefix) {
+    return name.size() >= std::strlen(prefix) &&
+           std::equal(prefix, prefix + std::strlen(prefix), name.begin(), [](char a, char b) {
+             return a == std::tolower(static_cast<unsigned char>(b));
+           });
+  };
+  if (starts("http://") || starts("https://")) return {ShardLocation::Kind::kHttp, name};
+  return {ShardLocation::Kind::kLocal, name};
+}
+
+namespace {
+
+// The command-line rule: an argument that names an existing file or folder is that path.
+bool names_existing_path(const std::string& text) {
+  std::error_code ec;
+  return !text.empty() && std::filesystem::exists(text, ec);
+}
+
+}  // namespace
+
+std::vector<ShardLocation> shard_argument_locations(const std::string& text) {
+  if (names_existing_path(text)) return {{ShardLocation::Kind::kLocal, text}};
+  return expand_shard_locations(split_shard_patterns(text));
+}
+
 bool names_tar_shards(const std::string& text) {
-  auto starts = [&](const char* prefix) { return text.rfind(prefix, 0) == 0; };
   const bool tar = text.size() >= 4 && text.compare(text.size() - 4, 4, ".tar") == 0;
+  if (names_existing_path(text)) {
+    std::error_code ec;
+    return tar && !std::filesystem::is_directory(text, ec);
+  }
+  auto starts = [&](const char* prefix) { return text.rfind(prefix, 0) == 0; };
   const bool braces = text.find('{') != std::string::npos && text.find(".tar") != std::string::npos;
   return tar || braces || starts("pipe:") || starts("http://") || starts("https://") ||
          starts("file://");
@@ -291,8 +322,8 @@ std::string detail::file_name_of(const ShardLocation& shard) {
 
 // PREFIX-NNNNNN.tar -> PREFIX.index.json in the same folder (for a URL: beside it, without the
 // shard's query string; for a command: the same command with its shard word's file name
-// replaced), as a name parse_shard_location reads.
-std::string detail::index_location_for(const ShardLocation& shard) {
+// replaced), of the shard's own kind: a local shard's index is a local path, whatever its name.
+ShardLocation detail::index_location_for(const ShardLocation& shard) {
   const std::string name = detail::file_name_of(shard);
   const size_t dash = name.rfind('-');
   const bool ok = name.size() > 4 && name.compare(name.size() - 4, 4, ".tar") == 0 &&
@@ -305,29 +336,68 @@ std::string detail::index_location_for(const ShardLocation& shard) {
   }
   const std::string index_name = name.substr(0, dash) + ".index.json";
   switch (shard.kind) {
-    case Kind::kLocal: {
-      const std::string path =
-          (std::filesystem::path(shard.location).parent_path() / index_name).string();
-      if (path.find("://") == std::string::npos) return path;
-      // A path that would read as a URL (it came from a file:// URL): written as one again.
-      std::string url = "file://";
-      for (char c : std::filesystem::absolute(path).string())
-        url += c == '%' ? std::string("%25") : std::string(1, c);
-      return url;
-    }
+    case Kind::kLocal:
+      return {Kind::kLocal,
+              (std::filesystem::path(shard.location).parent_path() / index_name).string()};
     case Kind::kHttp: {
       const std::string url = shard.location.substr(0, shard.location.find_first_of("?#"));
-      return url.substr(0, url.rfind('/') + 1) + index_name;
+      return {Kind::kHttp, url.substr(0, url.rfind('/') + 1) + index_name};
     }
     case Kind::kPipe: {
       size_t begin = 0, end = 0;
       pipe_shard_word(shard.location, begin, end);
       std::string command = shard.location;
       command.replace(end - name.size(), name.size(), index_name);
-      return "pipe:" + command;
+      return {Kind::kPipe, command};
     }
   }
   return {};
+}
+
+namespace {
+
+// `name` for a message: quoted, control bytes and backslashes as \xNN, at most 200 bytes.
+std::string quoted(const std::string& name) {
+  std::string out = "'";
+  for (size_t i = 0; i < name.size() && i < 200; ++i) {
+    const auto c = static_cast<unsigned char>(name[i]);
+    if (c < 0x20 || c == 0x7f || c == '\\') {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + (name.size() > 200 ? "...'" : "'");
+}
+
+}  // namespace
+
+void detail::check_path_segment(const std::string& name, const std::string& what) {
+  const char* why = nullptr;
+  if (name.empty()) {
+    why = "is empty";
+  } else if (name == "." || name == "..") {
+    why = "is not a name (. or ..)";
+  } else if (name.find_first_of(std::string("/\\\0", 3)) != std::string::npos) {
+    why = "holds '/', '\\' or NUL (a name from data must be one path segment)";
+  }
+  if (why != nullptr) throw std::invalid_argument(what + " " + quoted(name) + " " + why);
+}
+
+std::filesystem::path detail::path_under(const std::filesystem::path& root, const std::string& name,
+                                         const std::string& what) {
+  check_path_segment(name, what);
+  const std::filesystem::path joined = root / name;
+  std::filesystem::path base = root.lexically_normal();
+  if (!base.has_filename() && base.has_parent_path()) base = base.parent_path();  // "dst/"
+  const std::filesystem::path relative = joined.lexically_normal().lexically_relative(base);
+  if (relative.empty() || relative == "." || *relative.begin() == "..") {
+    throw std::invalid_argument(what + " " + quoted(name) + ": " + joined.string() +
+                                " is not under " + root.string());
+  }
+  return joined;
 }
 
 bool detail::has_index_name(const ShardLocation& shard) {

@@ -101,13 +101,15 @@ Indexes load_indexes(const std::vector<ShardLocation>& shards, const ShardOption
   for (size_t i = 0; i < shards.size(); ++i) {
     const ShardLocation& shard = shards[i];
     if (options.index.empty() && !detail::has_index_name(shard)) continue;  // streamed
-    x.location[i] = options.index.empty() ? detail::index_location_for(shard) : options.index;
+    const ShardLocation where = options.index.empty() ? detail::index_location_for(shard)
+                                                      : parse_shard_location(options.index);
+    x.location[i] = where.name();
     auto found = x.by_location.find(x.location[i]);
     if (found == x.by_location.end()) {
       auto index = std::make_unique<detail::ShardIndex>();
       const bool lenient = options.index.empty() && shard.kind == Where::kPipe;
       std::string why;
-      if (!detail::load_index(reader, x.location[i], shard.name(), lenient, *index, why)) {
+      if (!detail::load_index(reader, where, shard.name(), lenient, *index, why)) {
         if (!options.index.empty()) {
           throw std::runtime_error("tar_shards: no index at " + options.index +
                                    " (ShardOptions::index)");
@@ -261,7 +263,19 @@ std::unique_ptr<ImageSource::Kind> random_access_kind(const std::vector<ShardLoc
 
 }  // namespace
 
-std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::string>& shards,
+std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::string>& patterns,
+                                                     ImageTransform transform,
+                                                     const ShardOptions& options) {
+  return tar_shards(expand_shard_locations(patterns), std::move(transform), options);
+}
+
+std::unique_ptr<ImageSource> ImageSource::tar_shards(std::initializer_list<std::string> patterns,
+                                                     ImageTransform transform,
+                                                     const ShardOptions& options) {
+  return tar_shards(std::vector<std::string>(patterns), std::move(transform), options);
+}
+
+std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<ShardLocation>& locations,
                                                      ImageTransform transform,
                                                      const ShardOptions& options) {
   if (options.retries < 0) throw std::invalid_argument("tar_shards: retries must be >= 0");
@@ -269,7 +283,6 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<std::stri
     throw std::invalid_argument("tar_shards: rank " + std::to_string(options.rank) +
                                 " is not in [0, " + std::to_string(options.world_size) + ")");
   }
-  const std::vector<ShardLocation> locations = expand_shard_locations(shards);
   if (locations.empty()) throw std::invalid_argument("tar_shards: no shards given");
   const std::shared_ptr<const Storage> storage =
       options.storage ? options.storage : system_storage();

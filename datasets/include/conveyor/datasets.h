@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -189,14 +190,25 @@ struct FolderOptions {
   std::shared_ptr<const Storage> storage;
 };
 
+// Where one shard is read from (StorageLocation, conveyor/storage.h): a local path, an
+// http(s):// URL, or a command (pipe:COMMAND).
+//
+// What is trusted: only what a user typed (a command-line argument, a Python or C++ argument) is
+// read as a pattern (braces, comma lists, file:// URLs, pipe:COMMAND). A name that comes from data
+// (a folder listing, a glob, an index, a server) is never a pattern nor a command: it is taken
+// literally (literal_shard_location), and a shard's index beside it is found by the same rule
+// (a local shard's index is a local path, whatever the shard's name holds).
+using ShardLocation = StorageLocation;
+
 // How ImageSource::tar_shards finds the index and reaches remote shards. The defaults suit
 // object storage (S3 or GCS, pre-signed URLs included) and a server on the same rack alike.
 // RemoteOptions (conveyor/storage.h) holds the retries, backoff and deadlines of HTTP(S)
 // requests and pipe: commands, and the requests each worker keeps in flight (random access).
 struct ShardOptions : RemoteOptions {
   // Where the index is, for shards whose PREFIX.index.json cannot be found beside them (a
-  // pre-signed URL, whose query string differs per object): a path or URL. Every shard given
-  // must be listed in it. Empty (the default): PREFIX.index.json beside each shard.
+  // pre-signed URL, whose query string differs per object): a path or URL, read as a location
+  // the user typed (parse_shard_location). Every shard given must be listed in it. Empty (the
+  // default): PREFIX.index.json beside each shard.
   std::string index;
   // The shards', and their index's, bytes. Null (the default): system_storage().
   std::shared_ptr<const Storage> storage;
@@ -247,9 +259,16 @@ class ImageSource : public SampleSource {
                                                 std::vector<int64_t> labels,
                                                 ImageTransform transform);
   // WebDataset tar shards: what conveyor-prepare --format wds writes (tools/prepare.cpp), or any
-  // tar whose samples are KEY.jpg (or .jpeg) + KEY.cls (the label as decimal text). `shards` are
-  // local paths, file:// or http(s):// URLs, or pipe:COMMAND (ShardLocation), each possibly in
-  // WebDataset's brace notation (expand_shard_braces: "train-{000000..000012}.tar"). A shard
+  // tar whose samples are KEY.jpg (or .jpeg) + KEY.cls (the label as decimal text).
+  //
+  // Two ways to name them. `patterns` are what a user typed (a C++ argument in their program):
+  // local paths, file:// or http(s):// URLs, or pipe:COMMAND, each possibly in WebDataset's brace
+  // notation (expand_shard_braces: "train-{000000..000012}.tar"), read by
+  // expand_shard_locations. Never pass names that come from data (a folder listing, a glob, an
+  // index, a server) as patterns: a file named "{pipe:CMD,x}.tar" would run CMD. Give those as
+  // `shards`, ShardLocations taken literally (literal_shard_location: a URL, or a local path
+  // whatever it holds), which the overload below reads as they are. Both behave alike from there.
+  // A shard
   // named PREFIX-NNNNNN.tar (any number of digits) is indexed by PREFIX.index.json beside it (or
   // by options.index). For pipe:COMMAND the name is the last word of COMMAND that ends in .tar,
   // and the index is what COMMAND writes with that word's PREFIX-NNNNNN.tar replaced by
@@ -297,9 +316,16 @@ class ImageSource : public SampleSource {
   // nested more than 64 levels deep, a shard the index does not list, a local shard longer than
   // the index says (rewritten since), a server that ignores Range in random-access mode, or
   // shards that hold no samples. Names from shards and indexes (members, keys) appear in messages
-  // and in items() escaped (control characters as \n, \x1b, ...; cut after 256 bytes), so that
+  // and in items() escaped (control characters as \n, \x1b, ...; cut after 200 bytes), so that
   // none can fake a line of a log.
-  static std::unique_ptr<ImageSource> tar_shards(const std::vector<std::string>& shards,
+  static std::unique_ptr<ImageSource> tar_shards(const std::vector<std::string>& patterns,
+                                                 ImageTransform transform,
+                                                 const ShardOptions& options = ShardOptions());
+  static std::unique_ptr<ImageSource> tar_shards(const std::vector<ShardLocation>& shards,
+                                                 ImageTransform transform,
+                                                 const ShardOptions& options = ShardOptions());
+  // A braced list of strings ({"a-{0..3}.tar"}, {}) is patterns, as the first overload.
+  static std::unique_ptr<ImageSource> tar_shards(std::initializer_list<std::string> patterns,
                                                  ImageTransform transform,
                                                  const ShardOptions& options = ShardOptions());
 
@@ -357,26 +383,34 @@ class ImageSource : public SampleSource {
 // a million names or 64 MiB of them (expand_shard_locations holds all its patterns to the same).
 std::vector<std::string> expand_shard_braces(const std::string& pattern);
 
-// Where one shard is read from (StorageLocation, conveyor/storage.h): a path or file:// URL, an
-// http(s):// URL, or pipe:COMMAND. The same forms name shards everywhere: ImageSource::tar_shards,
-// conveyor-prepare's SRC and conveyor-bench's --data, all through the functions below.
-using ShardLocation = StorageLocation;
-
-// Parses one shard name (after brace expansion). Throws std::invalid_argument naming it for an
-// unsupported URL scheme (s3:// and gs:// are answered with the pipe: command that reads them),
-// a file:// URL without an absolute path, or pipe: without a command.
+// Parses one shard pattern a user typed (after brace expansion). Throws std::invalid_argument
+// naming it for an unsupported URL scheme (s3:// and gs:// are answered with the pipe: command
+// that reads them), a file:// URL without an absolute path, or pipe: without a command.
 ShardLocation parse_shard_location(const std::string& shard);
 
-// Every shard `patterns` name, in order: each pattern brace-expanded (a pipe: command too, as
-// WebDataset does), then parsed. Throws as expand_shard_braces and parse_shard_location do.
+// A shard name taken literally, never as a pattern or a command: an http:// or https:// URL (any
+// case) is that URL; anything else is a local path, whatever it holds (commas, braces, "pipe:",
+// "file://"). For names from data: a folder listing, a glob, an index, a server's answer.
+ShardLocation literal_shard_location(const std::string& name);
+
+// Every shard `patterns` (typed by a user) name, in order: each pattern brace-expanded (a pipe:
+// command too, as WebDataset does), then parsed. Throws as expand_shard_braces and
+// parse_shard_location do.
 std::vector<ShardLocation> expand_shard_locations(const std::vector<std::string>& patterns);
 
 // The shard patterns of one command-line argument: `text` split at the commas outside braces
 // and quotes ("{train,val}.tar" and "pipe:curl -H 'a, b' URL" stay whole); empty pieces dropped.
 std::vector<std::string> split_shard_patterns(const std::string& text);
 
+// The shards one command-line argument names (conveyor-bench --data, conveyor-prepare SRC): an
+// argument that names an existing file or folder is that local path, literally, whatever its name
+// holds (checked first); anything else is patterns (split_shard_patterns, then
+// expand_shard_locations), and throws as those do.
+std::vector<ShardLocation> shard_argument_locations(const std::string& text);
+
 // True when `text` (a command-line argument) names tar shards rather than a folder or a file
-// list: it starts with pipe:, http://, https:// or file://, ends in .tar, or holds '{' and .tar.
+// list: an existing file or folder when it is a file ending in .tar; otherwise when it starts
+// with pipe:, http://, https:// or file://, ends in .tar, or holds '{' and .tar.
 bool names_tar_shards(const std::string& text);
 
 }  // namespace conveyor
