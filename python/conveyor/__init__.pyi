@@ -82,19 +82,24 @@ class JpegBytes(_ImageDataset):
     def __init__(self, jpegs: Sequence[bytes], labels: Sequence[int],
                  transform: Optional[Transform] = ...) -> None: ...
 
+# A str is a pattern the user typed (braces, pipe:COMMAND, file://); a path object or a sequence
+# holds names taken literally (an http(s):// URL, else a local path): what a glob or listing gives.
+_ShardNames = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
+
 class TarShards(_ImageDataset):
     shards: List[str]
+    literal: bool
     streaming: bool
     rank: int
     world_size: int
-    def __init__(self, shards: Union[str, Sequence[str]], transform: Optional[Transform] = ...,
+    def __init__(self, shards: _ShardNames, transform: Optional[Transform] = ...,
                  *, streaming: bool = ..., index: Optional[str] = ..., shuffle_buffer: int = ...,
                  rank: Optional[int] = ..., world_size: Optional[int] = ...,
                  epoch_samples: int = ..., retries: int = ...,
                  backoff: Tuple[float, float] = ..., request_timeout: float = ...,
                  connect_timeout: float = ..., requests_in_flight: int = ...) -> None: ...
 
-def tar_shards(shards: Union[str, Sequence[str]], transform: Optional[Transform] = ..., *,
+def tar_shards(shards: _ShardNames, transform: Optional[Transform] = ..., *,
                streaming: bool = ..., index: Optional[str] = ..., shuffle_buffer: int = ...,
                rank: Optional[int] = ..., world_size: Optional[int] = ...,
                epoch_samples: int = ..., retries: int = ..., backoff: Tuple[float, float] = ...,

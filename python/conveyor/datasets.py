@@ -173,9 +173,22 @@ class TarShards(_ImageDataset):
                  backoff: Tuple[float, float] = (0.1, 2.0), request_timeout: float = 30.0,
                  connect_timeout: float = 5.0, requests_in_flight: int = 4) -> None:
         t = _transform(transform)
-        if isinstance(shards, (str, os.PathLike)):
-            shards = [os.fspath(shards)]
-        self.shards = [os.fspath(s) for s in shards]
+        # A str is the user's pattern; a path object or a list holds names taken literally.
+        if isinstance(shards, bytes):
+            raise TypeError("conveyor: tar_shards: shards must be a str (a pattern) or a list "
+                            "of paths or URLs, not bytes")
+        if isinstance(shards, str):
+            self.literal = False
+            self.shards = [shards]
+        else:
+            self.literal = True
+            names = [shards] if isinstance(shards, os.PathLike) else list(shards)
+            self.shards = []
+            for name in names:
+                if not isinstance(name, (str, os.PathLike)):
+                    raise TypeError(f"conveyor: tar_shards: a list element must be a path or URL "
+                                    f"(str or os.PathLike), not {type(name).__name__}")
+                self.shards.append(os.fspath(name))
         if not self.shards:
             raise ValueError("conveyor: tar_shards got no shards")
         if (rank is None) != (world_size is None):
@@ -192,7 +205,7 @@ class TarShards(_ImageDataset):
             if not value > 0:
                 raise ValueError(f"conveyor: tar_shards: {name} must be > 0 seconds, "
                                  f"not {value!r}")
-        args = (self.shards, t._cpp, index or "", self.streaming, int(shuffle_buffer), rank,
+        args = (self.shards, self.literal, t._cpp, index or "", self.streaming, int(shuffle_buffer), rank,
                 world_size, int(epoch_samples), int(retries), float(backoff[0]),
                 float(backoff[1]), float(request_timeout), float(connect_timeout),
                 int(requests_in_flight))
@@ -201,8 +214,15 @@ class TarShards(_ImageDataset):
 
 def tar_shards(shards: Union[str, Sequence[str]], transform: Optional[Transform] = None,
                **options) -> TarShards:
-    """WebDataset tar shards: local paths, ``file://`` or ``http(s)://`` URLs, each possibly in
-    brace notation (``"train-{000000..000041}.tar"``).
+    """WebDataset tar shards, named in one of two ways:
+
+    - a ``str`` is a pattern you typed: a local path, a ``file://`` or ``http(s)://`` URL, or
+      ``"pipe:COMMAND"`` (the command's output is the shard), in brace notation
+      (``"train-{000000..000041}.tar"``);
+    - a list (or one ``os.PathLike``) holds names taken literally: each an ``http(s)://`` URL or
+      else a local path, whatever it holds. Never a pattern, never a command: pass what
+      ``glob.glob``, ``os.listdir`` or a server's listing gives here, so that a file named
+      ``"{pipe:CMD,x}.tar"`` is read as that file and runs nothing.
 
     Random access (the default, where ``PREFIX.index.json`` lies beside the shards or ``index=``
     names it): one ranged read per sample, so shuffling, resume and DistributedSampler work as

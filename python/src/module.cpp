@@ -127,7 +127,9 @@ std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
 }
 
-std::unique_ptr<Source> tar_shards(const std::vector<std::string>& shards,
+// `shards`: the user's patterns (a Python str), or, with `literal`, names taken as they are (a
+// Python list: conveyor::literal_shard_location, never a pattern or a command).
+std::unique_ptr<Source> tar_shards(const std::vector<std::string>& shards, bool literal,
                                    const ImageTransform& transform, const std::string& index,
                                    bool streaming, size_t shuffle_buffer, size_t rank,
                                    size_t world_size, size_t epoch_samples, int retries,
@@ -150,7 +152,13 @@ std::unique_ptr<Source> tar_shards(const std::vector<std::string>& shards,
   std::unique_ptr<ImageSource> made;
   {
     py::gil_scoped_release released;  // reads every index (over HTTP, maybe)
-    made = ImageSource::tar_shards(shards, transform, o);
+    if (literal) {
+      std::vector<ShardLocation> locations;
+      for (const std::string& name : shards) locations.push_back(literal_shard_location(name));
+      made = ImageSource::tar_shards(locations, transform, o);
+    } else {
+      made = ImageSource::tar_shards(shards, transform, o);
+    }
   }
   return image_source(std::move(made));
 }
@@ -493,11 +501,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("image_folder", &image_folder, py::arg("root"), py::arg("transform"));
   m.def("file_list", &file_list, py::arg("list"), py::arg("transform"));
   m.def("in_memory", &in_memory, py::arg("jpegs"), py::arg("labels"), py::arg("transform"));
-  m.def("tar_shards", &tar_shards, py::arg("shards"), py::arg("transform"), py::arg("index"),
-        py::arg("streaming"), py::arg("shuffle_buffer"), py::arg("rank"), py::arg("world_size"),
-        py::arg("epoch_samples"), py::arg("retries"), py::arg("backoff_initial"),
-        py::arg("backoff_max"), py::arg("request_timeout"), py::arg("connect_timeout"),
-        py::arg("requests_in_flight"));
+  m.def("tar_shards", &tar_shards, py::arg("shards"), py::arg("literal"), py::arg("transform"),
+        py::arg("index"), py::arg("streaming"), py::arg("shuffle_buffer"), py::arg("rank"),
+        py::arg("world_size"), py::arg("epoch_samples"), py::arg("retries"),
+        py::arg("backoff_initial"), py::arg("backoff_max"), py::arg("request_timeout"),
+        py::arg("connect_timeout"), py::arg("requests_in_flight"));
   m.def("pattern_source", &pattern_source, py::arg("size"), py::arg("sample_bytes"));
   m.def("pattern_byte", &conveyor::PatternSource::pattern_byte, py::arg("index"),
         py::arg("offset"));
