@@ -2,7 +2,7 @@
 // nginx) and commands that do what a hostile party's would. A body that never ends is stopped at
 // its cap while it arrives, and a Content-Length over the cap is refused before the body; an error
 // page that never ends is reported as its status, at once; a server or command that trickles a
-// byte at a time fails within request_timeout + N / min_bytes_per_second, naming the option, and
+// byte at a time fails within its bound (ShardOptions::min_bytes_per_second), naming it, and
 // leaves no process; while a consumer that pauses mid-shard costs nothing. Redirects go to http
 // and https only (an ftp:// listener is never reached), and to other hosts over http they work.
 #include <arpa/inet.h>
@@ -200,8 +200,8 @@ TEST(RemoteLimits, AnEndlessErrorPageIsReportedAsItsStatus) {
 }
 
 // A server that sends a byte every 0.1 s, each wait well within request_timeout (1 s): the stream
-// fails once it has waited request_timeout + its bytes / min_bytes_per_second (about 1 s), not
-// retried, naming the option.
+// fails once it has waited 3 x request_timeout + 2 x backoff_max + its bytes /
+// min_bytes_per_second (about 3.1 s, retries 2), not retried, naming the option.
 TEST(RemoteLimits, ATricklingServerFailsWithinTheBound) {
   TempDir dir;
   Hostile hostile(dir, {"--trickle-interval", "0.1"});

@@ -39,13 +39,16 @@ inline std::chrono::milliseconds backoff_before(int retry, std::chrono::millisec
 
 // RemoteOptions::min_bytes_per_second over one stream, across its attempts (one per ByteStream):
 // once the stream has reached byte N of its resource, the time it has waited for its source may
-// be at most request_timeout + N / min_bytes_per_second. The clock runs from the first start()
+// be at most (retries + 1) x request_timeout + retries x backoff_max + N / min_bytes_per_second,
+// so a silent source still gets each of its attempts. The clock runs from the first start()
 // on, through the waits of start() and read() and the backoff between attempts, and stops while
 // the consumer holds bytes handed to it (from a read() that returned bytes to the next call).
 class StreamBudget {
  public:
   explicit StreamBudget(const RemoteOptions& options)
-      : request_timeout_(options.request_timeout), floor_(options.min_bytes_per_second) {}
+      : grace_(options.request_timeout * (options.retries + 1) +
+               options.backoff_max * options.retries),
+        floor_(options.min_bytes_per_second) {}
 
   // The stream waits for its source from now on (the clock runs, if it did not already).
   void waiting() {
@@ -75,10 +78,11 @@ class StreamBudget {
   StreamFailure failure(const std::string& more = std::string()) const {
     char text[256];
     std::snprintf(text, sizeof text,
-                  "too slow: %llu bytes after %.1f s of waiting, when request_timeout (%.1f s) "
-                  "plus 1 s per %llu bytes is allowed (ShardOptions::min_bytes_per_second)",
+                  "too slow: %llu bytes after %.1f s of waiting, when %.1f s ((retries + 1) x "
+                  "request_timeout + retries x backoff_max) plus 1 s per %llu bytes is allowed "
+                  "(ShardOptions::min_bytes_per_second)",
                   static_cast<unsigned long long>(reached_), waited_seconds(),
-                  std::chrono::duration<double>(request_timeout_).count(),
+                  std::chrono::duration<double>(grace_).count(),
                   static_cast<unsigned long long>(floor_));
     return StreamFailure(text + more, false);
   }
@@ -86,7 +90,7 @@ class StreamBudget {
  private:
   static constexpr double kForever = 1e9;  // seconds: no deadline within reach
   double allowed_seconds() const {
-    return std::chrono::duration<double>(request_timeout_).count() +
+    return std::chrono::duration<double>(grace_).count() +
            static_cast<double>(reached_) / static_cast<double>(floor_);
   }
   double waited_seconds() const {
@@ -94,7 +98,7 @@ class StreamBudget {
     return std::chrono::duration<double>(waited_ + now_waiting).count();
   }
 
-  const std::chrono::milliseconds request_timeout_;
+  const std::chrono::milliseconds grace_;
   const uint64_t floor_;  // bytes per second; 0: none
   uint64_t reached_ = 0;  // the furthest byte of the resource handed out
   Clock::duration waited_{};

@@ -217,8 +217,9 @@ def tar_shards(shards: Union[str, Sequence[str]], transform: Optional[Transform]
     HTTP: ``retries`` (4) with exponential ``backoff`` (0.1 s .. 2 s), a deadline on every
     request (``request_timeout``, 30 s; ``connect_timeout``, 5 s), ``requests_in_flight`` (4)
     ranged reads per worker at once. A streamed shard (HTTP or ``pipe:``) that has reached byte N
-    fails once it has waited more than ``request_timeout`` + N / ``min_bytes_per_second``
-    (65536; 0: no floor), so a source that trickles cannot hold it forever.
+    fails once it has waited more than (``retries`` + 1) x ``request_timeout`` + ``retries`` x
+    the longest backoff + N / ``min_bytes_per_second`` (65536; 0: no floor), so a source that
+    trickles cannot hold it forever.
     """
     return TarShards(shards, transform, **options)
 

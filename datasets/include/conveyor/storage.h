@@ -59,11 +59,12 @@ struct RemoteOptions {
   // HTTP(S) streams and pipe: commands: the slowest a stream may be, so that a server or command
   // that trickles (a byte every few seconds, each wait within request_timeout) cannot hold a
   // shard forever. A stream that has reached byte N of its resource may have waited for it at
-  // most request_timeout + N / min_bytes_per_second seconds in all, its retries and their backoff
-  // included; past that it fails, not retried, naming this option. So a shard of N bytes is read,
-  // or has failed, after request_timeout + N / min_bytes_per_second of waiting (plus one backoff
-  // at most). The time the consumer holds the bytes handed to it does not count, so a training
-  // loop that pauses mid-shard costs nothing. 0: no floor (only request_timeout per wait).
+  // most G + N / min_bytes_per_second seconds in all, its retries and their backoff included,
+  // where G = (retries + 1) x request_timeout + retries x backoff_max (so a silent source still
+  // gets each attempt); past that it fails, not retried, naming this option. So a shard of N
+  // bytes is read, or has failed, after G + N / min_bytes_per_second of waiting. The time the
+  // consumer holds the bytes handed to it does not count, so a training loop that pauses
+  // mid-shard costs nothing. 0: no floor (only request_timeout per wait).
   // Reads at random and whole reads (an index) are bounded by request_timeout per request.
   uint64_t min_bytes_per_second = 64 * 1024;
   // HTTP(S), reads at random: Range requests a reader keeps in flight for the ranges it was told
