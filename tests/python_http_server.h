@@ -1,7 +1,8 @@
 // Test support: static HTTP servers in Python on 127.0.0.1, for the shard tests against servers
 // that ignore Range: `python3 -m http.server` itself, or tests/shard_http_server.py (the same
-// behaviour, or honouring Range, and dropping a shard's first connection part-way). Started and
-// stopped by the test (SIGKILL and reap), so no server outlives it.
+// behaviour, or honouring Range, and dropping a shard's first connection part-way); and any other
+// server script (tests/hostile_http_server.py). Started and stopped by the test (SIGKILL and
+// reap), so no server outlives it.
 #pragma once
 
 #include <fcntl.h>
@@ -45,6 +46,15 @@ class PythonHttpServer {
       args.push_back(std::to_string(drop_after));
     }
     return PythonHttpServer(std::move(args), 4);
+  }
+
+  // CONVEYOR_PYTHON3 running the server `script` with `args`, then "--port PORT".
+  static PythonHttpServer script(const std::string& script, std::vector<std::string> args) {
+    args.insert(args.begin(), script);
+    args.push_back("--port");
+    args.push_back("");
+    const size_t port_arg = args.size() - 1;
+    return PythonHttpServer(std::move(args), port_arg);
   }
 
   PythonHttpServer(PythonHttpServer&& other) noexcept

@@ -133,11 +133,14 @@ std::string exit_text(int status) {
 class PipeStream final : public ByteStream {
  public:
   PipeStream(std::string command, const RemoteOptions& options, const StreamCancel& cancel)
-      : command_(std::move(command)), options_(options), cancel_(cancel) {}
+      : command_(std::move(command)), options_(options), cancel_(cancel), budget_(options) {}
   ~PipeStream() override { stop(); }
 
   uint64_t start(uint64_t) override {
     stop();
+    budget_.waiting();
+    if (budget_.spent()) throw budget_.failure(stderr_text());
+    position_ = 0;
     stderr_.clear();
     child_ = std::make_unique<ChildProcess>(command_);
     out_open_ = true;
@@ -146,9 +149,11 @@ class PipeStream final : public ByteStream {
   }
 
   Bytes read() override {
+    budget_.waiting();
     const auto deadline = Clock::now() + options_.request_timeout;
     if (buffer_.size() < kPipeRead) buffer_.resize(kPipeRead);
     while (out_open_) {
+      if (budget_.spent()) throw budget_.failure(stderr_text());
       if (Clock::now() >= deadline) {
         throw StreamFailure("wrote nothing for " + seconds_text(options_.request_timeout) +
                                 " (ShardOptions::request_timeout)" + stderr_text(),
@@ -157,7 +162,7 @@ class PipeStream final : public ByteStream {
       pollfd fds[3] = {{child_->out(), POLLIN, 0},
                        {err_open_ ? child_->err() : -1, POLLIN, 0},
                        {cancel_.fd(), POLLIN, 0}};
-      if (::poll(fds, 3, milliseconds_until(deadline)) < 0) {
+      if (::poll(fds, 3, milliseconds_until(std::min(deadline, budget_.end()))) < 0) {
         if (errno == EINTR) continue;
         throw StreamFailure(std::string("poll failed: ") + std::strerror(errno), true);
       }
@@ -165,7 +170,11 @@ class PipeStream final : public ByteStream {
       if (fds[1].revents != 0) drain_stderr();
       if (fds[0].revents != 0) {
         const ssize_t n = ::read(child_->out(), buffer_.data(), buffer_.size());
-        if (n > 0) return {buffer_.data(), static_cast<size_t>(n)};
+        if (n > 0) {
+          position_ += static_cast<uint64_t>(n);
+          budget_.handed(position_);
+          return {buffer_.data(), static_cast<size_t>(n)};
+        }
         if (n == 0) {
           out_open_ = false;
         } else if (errno != EINTR) {
@@ -182,6 +191,7 @@ class PipeStream final : public ByteStream {
         if (WIFEXITED(*status) && WEXITSTATUS(*status) == 0) return {};
         throw StreamFailure(exit_text(*status) + stderr_text(), true);
       }
+      if (budget_.spent()) throw budget_.failure(stderr_text());
       if (Clock::now() >= deadline) {
         throw StreamFailure("closed its output but did not exit within " +
                                 seconds_text(options_.request_timeout) + stderr_text(),
@@ -238,6 +248,8 @@ class PipeStream final : public ByteStream {
   std::string command_;
   const RemoteOptions options_;
   const StreamCancel& cancel_;
+  StreamBudget budget_;
+  uint64_t position_ = 0;  // of the attempt: the bytes of output read
   std::unique_ptr<ChildProcess> child_;
   std::vector<uint8_t> buffer_;
   std::string stderr_;

@@ -7,6 +7,9 @@
 // reuse its connection (keep-alive); nothing else touches the handle.
 // Thread safety: each object here is used by one thread at a time (a StorageReader's). Any number
 // run at once; libcurl's global initialisation happens once, before the first handle.
+// libcurl's callbacks here (body and headers) let no C++ exception out: they catch it, stop the
+// transfer, and the caller rethrows it once libcurl returned. A body is held to its cap as it
+// arrives, and the body of an error status is not read: its status is the answer.
 #pragma once
 
 #include <cstddef>
@@ -33,10 +36,19 @@ bool transient_curl_code(int code);
 bool transient_status(long status);
 // The reason libcurl gives for `code`, with its error buffer and the status when there is one.
 std::string curl_reason(int code, const char* error, long status);
-// The options every handle here sets: no signals (worker threads), redirects followed (object
-// stores redirect between regions), TCP_NODELAY and keep-alive, the user agent, the connect
-// deadline and, with `request_deadline`, request_timeout for the whole request.
+// Redirects followed per request, at most.
+constexpr long kMaxRedirects = 5;
+// The options every handle here sets: no signals (worker threads), http and https only, for the
+// request and its redirects; redirects followed, to any host (object stores and CDNs redirect
+// between regions and hosts), kMaxRedirects at most; TCP_NODELAY and keep-alive, the user agent,
+// the connect deadline and, with `request_deadline`, request_timeout for the whole request.
+// Throws std::runtime_error if libcurl cannot limit the protocols.
 void set_handle_options(void* curl, const RemoteOptions& options, bool request_deadline);
+// True when the header line data[0, bytes) is a status line ("HTTP/1.1 302 Found"): a response
+// begins; `status` is then its code.
+bool parse_status_line(const char* data, size_t bytes, long& status);
+// A Content-Length value: true, with `length`, when it is a number that is not negative.
+bool parse_content_length(const std::string& value, int64_t& length);
 // True when the header line data[0, bytes) is the header `name` ("content-range:", lower case);
 // `value` is then its value without the surrounding blanks.
 bool header_is(const char* data, size_t bytes, const char* name, std::string& value);
@@ -48,9 +60,11 @@ class HttpClient {
   HttpClient(const HttpClient&) = delete;
   HttpClient& operator=(const HttpClient&) = delete;
 
-  // The whole resource at `url` into `out`; false for a 404 or 410 (it does not exist). Throws
-  // std::runtime_error naming the URL, the HTTP status or libcurl's reason, and the attempts.
-  bool get_if_exists(const std::string& url, std::vector<uint8_t>& out);
+  // The whole resource at `url` into `out`, at most `max_bytes`; false for a 404 or 410 (it does
+  // not exist). Throws std::runtime_error naming the URL, the HTTP status or libcurl's reason,
+  // and the attempts; naming the cap, at once, when the body passes `max_bytes` (stopped there)
+  // or its Content-Length is over it (refused before the body).
+  bool get_if_exists(const std::string& url, uint64_t max_bytes, std::vector<uint8_t>& out);
 
   // Bytes [offset, offset + size) of `url` into `out` (reusing its capacity), through a Range
   // request. Throws std::runtime_error naming the URL and the range: after the retries for a
@@ -59,8 +73,8 @@ class HttpClient {
   void get_range(const std::string& url, uint64_t offset, uint64_t size, std::vector<uint8_t>& out);
 
  private:
-  bool fetch(const std::string& url, uint64_t offset, uint64_t size, bool missing_ok,
-             std::vector<uint8_t>& out);
+  bool fetch(const std::string& url, uint64_t offset, uint64_t size, uint64_t max_bytes,
+             bool missing_ok, std::vector<uint8_t>& out);
   struct Handle;
   std::unique_ptr<Handle> handle_;
   RemoteOptions options_;
@@ -113,9 +127,10 @@ class HttpStreamHandles {
 // held: the transfer pauses until it is read), with no Range needed. An attempt after the first
 // asks for the rest with "Range: bytes=N-" (and If-Range, where the first response had a strong
 // ETag or a Last-Modified): a 206 goes on at byte N; a 200 (a server that ignores Range, or a
-// changed resource) starts over. request_timeout bounds every wait for the next bytes, not the
-// whole body. Failures name the HTTP status or libcurl's reason; a resource whose length changed
-// between attempts fails for good.
+// changed resource) starts over. request_timeout bounds every wait for the next bytes, and
+// min_bytes_per_second the whole stream (StreamBudget, clock.h). Failures name the HTTP status
+// (an error page's body is not read) or libcurl's reason; a resource whose length changed between
+// attempts fails for good.
 std::unique_ptr<ByteStream> open_http_stream(HttpStreamHandles& handles, const std::string& url,
                                              const RemoteOptions& options,
                                              const StreamCancel& cancel);

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -69,11 +71,42 @@ bool header_is(const char* data, size_t bytes, const char* name, std::string& va
   return true;
 }
 
+bool parse_status_line(const char* data, size_t bytes, long& status) {
+  if (bytes < 5 || std::strncmp(data, "HTTP/", 5) != 0) return false;
+  const std::string line(data, bytes);
+  const size_t space = line.find(' ');
+  status = space == std::string::npos ? 0 : std::strtol(line.c_str() + space + 1, nullptr, 10);
+  return true;
+}
+
+bool parse_content_length(const std::string& value, int64_t& length) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(value.c_str(), &end, 10);
+  if (end == value.c_str() || *end != '\0' || v < 0 || errno == ERANGE) return false;
+  length = v;
+  return true;
+}
+
 void set_handle_options(void* handle, const RemoteOptions& options, bool request_deadline) {
   CURL* c = handle;
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
-  curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+  curl_easy_setopt(c, CURLOPT_MAXREDIRS, kMaxRedirects);
+  // http and https only, for the request and every redirect: libcurl's default list for
+  // redirects has ftp, and its requests any protocol it was built with.
+#if LIBCURL_VERSION_NUM >= 0x075500  // 7.85.0: the lists as text; the bitmasks are deprecated
+  const bool limited = curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https") == CURLE_OK &&
+                       curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https") == CURLE_OK;
+#else
+  const bool limited =
+      curl_easy_setopt(c, CURLOPT_PROTOCOLS, long{CURLPROTO_HTTP | CURLPROTO_HTTPS}) == CURLE_OK &&
+      curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS, long{CURLPROTO_HTTP | CURLPROTO_HTTPS}) ==
+          CURLE_OK;
+#endif
+  if (!limited) {
+    throw std::runtime_error("tar_shards: libcurl cannot limit requests to http and https");
+  }
   curl_easy_setopt(c, CURLOPT_TCP_NODELAY, 1L);
   curl_easy_setopt(c, CURLOPT_TCP_KEEPALIVE, 1L);
   curl_easy_setopt(c, CURLOPT_USERAGENT, "conveyor-tar-shards");
@@ -98,12 +131,24 @@ struct HttpClient::Handle {
   CURL* curl = nullptr;
   char error[CURL_ERROR_SIZE] = {};
 
+  // Why a callback stopped the transfer (libcurl then says CURLE_WRITE_ERROR).
+  enum class Stop {
+    kNo,
+    kOverLimit,     // the body went past `limit` (a server that ignored Range, an endless body)
+    kDeclaredOver,  // a 2xx response's Content-Length is over `limit`: refused before its body
+    kErrorStatus,   // the final response is not 2xx: its status is the answer, not its body
+    kFailed,        // a callback caught an exception: `failure`
+  };
+
   // The transfer in progress.
   std::vector<uint8_t>* out = nullptr;
-  uint64_t limit = 0;         // most body bytes accepted (a range's size); 0: no limit
-  bool overflow = false;      // the body went past `limit` (a server that ignored Range)
-  long status = 0;            // of the final response, read once the body starts
-  std::string content_range;  // "bytes a-b/total" or "bytes */total", if sent
+  uint64_t limit = 0;  // most body bytes accepted (a range's size, a whole body's cap)
+  Stop stopped = Stop::kNo;
+  std::exception_ptr failure;  // rethrown once curl_easy_perform returned
+  long status = 0;             // of the final response, read once the body starts
+  long header_status = 0;      // of the response whose headers arrive (a redirect's, then the next)
+  int64_t declared = -1;       // its Content-Length, if sent
+  std::string content_range;   // "bytes a-b/total" or "bytes */total", if sent
 
   Handle() {
     ensure_curl_initialised();
@@ -114,26 +159,52 @@ struct HttpClient::Handle {
   Handle(const Handle&) = delete;
   Handle& operator=(const Handle&) = delete;
 
+  // libcurl's C callbacks: no exception leaves them (caught into `failure`); returning fewer
+  // bytes than given stops the transfer.
   static size_t on_body(char* data, size_t one, size_t n, void* self_ptr) {
     auto* self = static_cast<Handle*>(self_ptr);
     const size_t bytes = one * n;
-    if (self->status == 0) curl_easy_getinfo(self->curl, CURLINFO_RESPONSE_CODE, &self->status);
-    if (self->status < 200 || self->status >= 300) return bytes;  // an error page: dropped
-    if (self->limit != 0 && self->out->size() + bytes > self->limit) {
-      self->overflow = true;
-      return 0;  // aborts the transfer (CURLE_WRITE_ERROR)
+    try {
+      if (self->status == 0) curl_easy_getinfo(self->curl, CURLINFO_RESPONSE_CODE, &self->status);
+      if (self->status < 200 || self->status >= 300) {
+        self->stopped = Stop::kErrorStatus;  // an error page: not read
+        return 0;
+      }
+      if (self->out->size() + bytes > self->limit) {
+        self->stopped = Stop::kOverLimit;
+        return 0;
+      }
+      self->out->insert(self->out->end(), reinterpret_cast<const uint8_t*>(data),
+                        reinterpret_cast<const uint8_t*>(data) + bytes);
+      return bytes;
+    } catch (...) {
+      self->failure = std::current_exception();
+      self->stopped = Stop::kFailed;
+      return 0;
     }
-    self->out->insert(self->out->end(), reinterpret_cast<const uint8_t*>(data),
-                      reinterpret_cast<const uint8_t*>(data) + bytes);
-    return bytes;
   }
 
   static size_t on_header(char* data, size_t one, size_t n, void* self_ptr) {
     auto* self = static_cast<Handle*>(self_ptr);
     const size_t bytes = one * n;
-    std::string value;
-    if (header_is(data, bytes, "content-range:", value)) self->content_range = value;
-    return bytes;
+    try {
+      std::string value;
+      if (parse_status_line(data, bytes, self->header_status)) {
+        self->declared = -1;
+      } else if (header_is(data, bytes, "content-range:", value)) {
+        self->content_range = value;
+      } else if (header_is(data, bytes, "content-length:", value) &&
+                 parse_content_length(value, self->declared) && self->header_status >= 200 &&
+                 self->header_status < 300 && static_cast<uint64_t>(self->declared) > self->limit) {
+        self->stopped = Stop::kDeclaredOver;
+        return 0;
+      }
+      return bytes;
+    } catch (...) {
+      self->failure = std::current_exception();
+      self->stopped = Stop::kFailed;
+      return 0;
+    }
   }
 };
 
@@ -158,18 +229,19 @@ enum class Outcome { kDone, kRetry, kFail };
 
 }  // namespace
 
-bool HttpClient::get_if_exists(const std::string& url, std::vector<uint8_t>& out) {
-  return fetch(url, 0, 0, true, out);
+bool HttpClient::get_if_exists(const std::string& url, uint64_t max_bytes,
+                               std::vector<uint8_t>& out) {
+  return fetch(url, 0, 0, max_bytes, true, out);
 }
 
 void HttpClient::get_range(const std::string& url, uint64_t offset, uint64_t size,
                            std::vector<uint8_t>& out) {
   if (size == 0) throw std::invalid_argument("HttpClient::get_range: size 0");
-  fetch(url, offset, size, false, out);
+  fetch(url, offset, size, size, false, out);
 }
 
-bool HttpClient::fetch(const std::string& url, uint64_t offset, uint64_t size, bool missing_ok,
-                       std::vector<uint8_t>& out) {
+bool HttpClient::fetch(const std::string& url, uint64_t offset, uint64_t size, uint64_t max_bytes,
+                       bool missing_ok, std::vector<uint8_t>& out) {
   const bool ranged = size != 0;
   std::string range;
   std::string what = "GET " + url;
@@ -193,27 +265,39 @@ bool HttpClient::fetch(const std::string& url, uint64_t offset, uint64_t size, b
     }
     out.clear();
     h.out = &out;
-    h.limit = size;
-    h.overflow = false;
+    h.limit = max_bytes;
+    h.stopped = Handle::Stop::kNo;
+    h.failure = nullptr;
     h.status = 0;
+    h.header_status = 0;
+    h.declared = -1;
     h.content_range.clear();
     h.error[0] = '\0';
     const CURLcode code = curl_easy_perform(c);
     long status = 0;
     curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
     h.out = nullptr;
+    if (h.failure) std::rethrow_exception(h.failure);
 
     Outcome outcome = Outcome::kFail;
     bool range_ignored = false;
-    if (code == CURLE_WRITE_ERROR && h.overflow) {
+    const bool over = h.stopped == Handle::Stop::kOverLimit;
+    const bool declared_over = h.stopped == Handle::Stop::kDeclaredOver;
+    if (code == CURLE_WRITE_ERROR && (over || declared_over)) {
       if (status == 200 && ranged) {
         reason = kRangeIgnored;
         range_ignored = true;
-      } else {
+      } else if (ranged) {
         reason = "HTTP " + std::to_string(status) + " sent more than the " + std::to_string(size) +
                  " bytes asked for";
+      } else if (declared_over) {
+        reason = "its Content-Length, " + std::to_string(h.declared) + " bytes, is over the " +
+                 std::to_string(max_bytes) + " bytes accepted; not read";
+      } else {
+        reason = "its body is longer than the " + std::to_string(max_bytes) +
+                 " bytes accepted; stopped there";
       }
-    } else if (code != CURLE_OK) {
+    } else if (code != CURLE_OK && h.stopped != Handle::Stop::kErrorStatus) {
       reason = curl_reason(code, h.error, status);
       outcome = transient_curl_code(code) ? Outcome::kRetry : Outcome::kFail;
     } else if (status == 416 && ranged) {

@@ -3,8 +3,10 @@
 #include <curl/curl.h>
 
 #include <algorithm>
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "storage/http.h"
@@ -17,26 +19,49 @@ struct HttpReadAhead::Transfers {
     Range range;
     std::string range_text;
     std::vector<uint8_t> body;
-    bool active = false;  // added to the multi handle, not finished
-    bool done = false;    // finished (ok or not)
-    bool ok = false;      // finished whole with 206 (or 200 for offset 0 and the whole size)
-    bool overflow = false;
+    bool active = false;         // added to the multi handle, not finished
+    bool done = false;           // finished (ok or not)
+    bool ok = false;             // finished whole with 206 (or 200 for offset 0 and the whole size)
+    bool stopped = false;        // the body was refused: past the range's size, or an error status
+    std::exception_ptr failure;  // what the body callback caught; rethrown by take()
   };
   CURLM* multi = nullptr;
   std::vector<Transfer> slots;  // in_flight easy handles, each reused
   std::vector<Range> pending;   // not started yet, in order
   size_t next_pending = 0;
 
+  Transfers() = default;
+  Transfers(const Transfers&) = delete;
+  Transfers& operator=(const Transfers&) = delete;
+  // Also when the constructor of HttpReadAhead throws half-way.
+  ~Transfers() {
+    for (auto& t : slots) {
+      if (t.active) curl_multi_remove_handle(multi, t.curl);
+      if (t.curl != nullptr) curl_easy_cleanup(t.curl);
+    }
+    if (multi != nullptr) curl_multi_cleanup(multi);
+  }
+
+  // libcurl's C callback: no exception leaves it (caught into `failure`); returning fewer bytes
+  // than given stops the transfer. An error page is not read: the range is then read again by
+  // HttpClient, which reports its status.
   static size_t on_body(char* data, size_t one, size_t n, void* self_ptr) {
     auto* t = static_cast<Transfer*>(self_ptr);
     const size_t bytes = one * n;
-    if (t->body.size() + bytes > t->range.size) {
-      t->overflow = true;
+    try {
+      long status = 0;
+      curl_easy_getinfo(t->curl, CURLINFO_RESPONSE_CODE, &status);
+      if (status < 200 || status >= 300 || t->body.size() + bytes > t->range.size) {
+        t->stopped = true;
+        return 0;
+      }
+      t->body.insert(t->body.end(), reinterpret_cast<const uint8_t*>(data),
+                     reinterpret_cast<const uint8_t*>(data) + bytes);
+      return bytes;
+    } catch (...) {
+      t->failure = std::current_exception();
       return 0;
     }
-    t->body.insert(t->body.end(), reinterpret_cast<const uint8_t*>(data),
-                   reinterpret_cast<const uint8_t*>(data) + bytes);
-    return bytes;
   }
 
   void launch(Transfer& t, const Range& r) {
@@ -44,7 +69,8 @@ struct HttpReadAhead::Transfers {
     t.range_text = std::to_string(r.offset) + "-" + std::to_string(r.offset + r.size - 1);
     t.body.clear();
     if (t.body.capacity() < r.size) t.body.reserve(r.size);
-    t.done = t.ok = t.overflow = false;
+    t.done = t.ok = t.stopped = false;
+    t.failure = nullptr;
     curl_easy_setopt(t.curl, CURLOPT_URL, r.url->c_str());
     curl_easy_setopt(t.curl, CURLOPT_RANGE, t.range_text.c_str());
     curl_multi_add_handle(multi, t.curl);
@@ -57,7 +83,7 @@ struct HttpReadAhead::Transfers {
     curl_multi_remove_handle(multi, t.curl);
     t.active = false;
     t.done = true;
-    t.ok = code == CURLE_OK && !t.overflow && t.body.size() == t.range.size &&
+    t.ok = code == CURLE_OK && !t.stopped && !t.failure && t.body.size() == t.range.size &&
            (status == 206 || (status == 200 && t.range.offset == 0));
   }
 
@@ -97,13 +123,7 @@ HttpReadAhead::HttpReadAhead(const RemoteOptions& options, size_t in_flight)
   }
 }
 
-HttpReadAhead::~HttpReadAhead() {
-  for (auto& t : transfers_->slots) {
-    if (t.active) curl_multi_remove_handle(transfers_->multi, t.curl);
-    if (t.curl != nullptr) curl_easy_cleanup(t.curl);
-  }
-  if (transfers_->multi != nullptr) curl_multi_cleanup(transfers_->multi);
-}
+HttpReadAhead::~HttpReadAhead() = default;
 
 void HttpReadAhead::start(const std::vector<Range>& ranges) {
   Transfers& x = *transfers_;
@@ -136,6 +156,7 @@ bool HttpReadAhead::take(const Range& range, std::vector<uint8_t>& out) {
   if (ok) out.swap(mine->body);
   mine->done = false;
   mine->range = Range{};
+  if (mine->failure) std::rethrow_exception(std::exchange(mine->failure, nullptr));
   // The freed handle starts the next range asked for.
   if (x.next_pending < x.pending.size()) {
     x.launch(*mine, x.pending[x.next_pending++]);

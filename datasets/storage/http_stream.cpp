@@ -5,8 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "storage/clock.h"
@@ -31,7 +33,9 @@ struct HttpStreamHandles::Transfer {
   bool attached = false;  // on the multi handle
   bool done = false;      // finished, `result` says how
   CURLcode result = CURLE_OK;
-  long status = 0;  // of the final response, read once its body starts
+  long status = 0;             // of the final response, read once its body starts
+  bool error_status = false;   // the body of a status other than 2xx came: stopped unread
+  std::exception_ptr failure;  // what a callback caught; rethrown by pump()
   bool paused = false;
   std::vector<uint8_t> pending;  // body bytes arrived, not handed out yet
   std::vector<uint8_t> handed;   // the bytes handed out last
@@ -39,41 +43,66 @@ struct HttpStreamHandles::Transfer {
   std::string content_range, etag, last_modified;
   int64_t content_length = -1;
 
+  Transfer() = default;
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+  // Also when the constructor of HttpStreamHandles throws half-way.
+  ~Transfer() {
+    detach();
+    if (headers != nullptr) curl_slist_free_all(headers);
+    if (curl != nullptr) curl_easy_cleanup(curl);
+    if (multi != nullptr) curl_multi_cleanup(multi);
+  }
+
+  // libcurl's C callbacks: no exception leaves them (caught into `failure`); returning fewer
+  // bytes than given stops the transfer.
   static size_t on_body(char* data, size_t one, size_t n, void* self_ptr) {
     auto* self = static_cast<Transfer*>(self_ptr);
     const size_t bytes = one * n;
-    if (self->status == 0) curl_easy_getinfo(self->curl, CURLINFO_RESPONSE_CODE, &self->status);
-    if (self->status < 200 || self->status >= 300) return bytes;  // an error page: dropped
-    if (self->pending.size() >= kHeldBody) {
-      self->paused = true;
-      return CURL_WRITEFUNC_PAUSE;  // delivered again once unpaused
+    try {
+      if (self->status == 0) curl_easy_getinfo(self->curl, CURLINFO_RESPONSE_CODE, &self->status);
+      if (self->status < 200 || self->status >= 300) {
+        self->error_status = true;  // an error page: its status is the answer, not its body
+        return 0;
+      }
+      if (self->pending.size() >= kHeldBody) {
+        self->paused = true;
+        return CURL_WRITEFUNC_PAUSE;  // delivered again once unpaused
+      }
+      self->pending.insert(self->pending.end(), reinterpret_cast<const uint8_t*>(data),
+                           reinterpret_cast<const uint8_t*>(data) + bytes);
+      return bytes;
+    } catch (...) {
+      self->failure = std::current_exception();
+      return 0;
     }
-    self->pending.insert(self->pending.end(), reinterpret_cast<const uint8_t*>(data),
-                         reinterpret_cast<const uint8_t*>(data) + bytes);
-    return bytes;
   }
 
   static size_t on_header(char* data, size_t one, size_t n, void* self_ptr) {
     auto* self = static_cast<Transfer*>(self_ptr);
     const size_t bytes = one * n;
-    std::string value;
-    if (bytes >= 5 && std::strncmp(data, "HTTP/", 5) == 0) {  // a new response begins
-      self->content_range.clear();
-      self->etag.clear();
-      self->last_modified.clear();
-      self->content_length = -1;
-    } else if (header_is(data, bytes, "content-range:", value)) {
-      self->content_range = value;
-    } else if (header_is(data, bytes, "etag:", value)) {
-      self->etag = value;
-    } else if (header_is(data, bytes, "last-modified:", value)) {
-      self->last_modified = value;
-    } else if (header_is(data, bytes, "content-length:", value)) {
-      char* end = nullptr;
-      const long long v = std::strtoll(value.c_str(), &end, 10);
-      if (end != value.c_str() && *end == '\0' && v >= 0) self->content_length = v;
+    try {
+      std::string value;
+      long status = 0;
+      if (parse_status_line(data, bytes, status)) {  // a new response begins
+        self->content_range.clear();
+        self->etag.clear();
+        self->last_modified.clear();
+        self->content_length = -1;
+      } else if (header_is(data, bytes, "content-range:", value)) {
+        self->content_range = value;
+      } else if (header_is(data, bytes, "etag:", value)) {
+        self->etag = value;
+      } else if (header_is(data, bytes, "last-modified:", value)) {
+        self->last_modified = value;
+      } else if (header_is(data, bytes, "content-length:", value)) {
+        parse_content_length(value, self->content_length);
+      }
+      return bytes;
+    } catch (...) {
+      self->failure = std::current_exception();
+      return 0;
     }
-    return bytes;
   }
 
   // Starts a GET of `url` (from byte `offset` when it is not 0, with If-Range `validator`).
@@ -91,6 +120,8 @@ struct HttpStreamHandles::Transfer {
     done = false;
     result = CURLE_OK;
     status = 0;
+    error_status = false;
+    failure = nullptr;
     paused = false;
     pending.clear();
     handed.clear();
@@ -125,6 +156,7 @@ struct HttpStreamHandles::Transfer {
         result = message->data.result;
       }
     }
+    if (failure) std::rethrow_exception(std::exchange(failure, nullptr));
     if (status == 0) curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
     if (done || !pending.empty()) return;
     curl_waitfd wake{cancel.fd(), CURL_WAIT_POLLIN, 0};
@@ -140,8 +172,6 @@ HttpStreamHandles::HttpStreamHandles(const RemoteOptions& options)
   t.multi = curl_multi_init();
   t.curl = curl_easy_init();
   if (t.multi == nullptr || t.curl == nullptr) {
-    if (t.curl != nullptr) curl_easy_cleanup(t.curl);
-    if (t.multi != nullptr) curl_multi_cleanup(t.multi);
     throw std::runtime_error("tar_shards: libcurl handles could not be made");
   }
   CURL* c = t.curl;
@@ -154,13 +184,7 @@ HttpStreamHandles::HttpStreamHandles(const RemoteOptions& options)
   curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 256L * 1024);
 }
 
-HttpStreamHandles::~HttpStreamHandles() {
-  Transfer& t = *transfer_;
-  t.detach();
-  if (t.headers != nullptr) curl_slist_free_all(t.headers);
-  curl_easy_cleanup(t.curl);
-  curl_multi_cleanup(t.multi);
-}
+HttpStreamHandles::~HttpStreamHandles() = default;
 
 namespace {
 
@@ -168,24 +192,27 @@ class HttpStream final : public ByteStream {
  public:
   HttpStream(HttpStreamHandles::Transfer& transfer, std::string url, const RemoteOptions& options,
              const StreamCancel& cancel)
-      : t_(transfer), url_(std::move(url)), options_(options), cancel_(cancel) {}
+      : t_(transfer), url_(std::move(url)), options_(options), cancel_(cancel), budget_(options) {}
   ~HttpStream() override { stop(); }
 
   uint64_t start(uint64_t offset) override {
     // If-Range takes a strong ETag, else the date: a resource changed since gets a 200.
     const bool strong = !etag_.empty() && etag_.rfind("W/", 0) != 0;
+    budget_.waiting();
+    if (budget_.spent()) throw budget_.failure();
     t_.attach(url_, offset, strong ? etag_ : last_modified_);
     const auto deadline = Clock::now() + options_.request_timeout;
     while (t_.pending.empty() && !t_.done) {  // until the body starts, or the transfer ends
+      if (budget_.spent()) throw budget_.failure();
       if (Clock::now() >= deadline) {
         throw StreamFailure("no answer within " + seconds_text(options_.request_timeout) +
                                 " (ShardOptions::request_timeout)",
                             true);
       }
-      t_.pump(milliseconds_until(deadline), cancel_);
+      t_.pump(milliseconds_until(std::min(deadline, budget_.end())), cancel_);
     }
     const long status = t_.status;
-    if (t_.done && t_.result != CURLE_OK && t_.pending.empty()) {
+    if (t_.done && t_.result != CURLE_OK && t_.pending.empty() && !t_.error_status) {
       throw StreamFailure(curl_reason(t_.result, t_.error, status), transient_curl_code(t_.result));
     }
     if (status == 416) {
@@ -211,8 +238,11 @@ class HttpStream final : public ByteStream {
       }
       from = offset;
       total = fields == 3 ? static_cast<int64_t>(whole) : -1;
+      position_ = offset;
     } else if (status != 200) {
       throw StreamFailure("HTTP " + std::to_string(status) + " (neither 200 nor 206)", false);
+    } else {
+      position_ = 0;
     }
     if (first_response_) {
       first_response_ = false;
@@ -229,6 +259,7 @@ class HttpStream final : public ByteStream {
 
   Bytes read() override {
     t_.handed.clear();
+    budget_.waiting();
     const auto deadline = Clock::now() + options_.request_timeout;
     while (t_.pending.empty()) {
       if (t_.done) {
@@ -241,14 +272,17 @@ class HttpStream final : public ByteStream {
         curl_easy_pause(t_.curl, CURLPAUSE_CONT);  // may deliver the held bytes at once
         continue;
       }
+      if (budget_.spent()) throw budget_.failure();
       if (Clock::now() >= deadline) {
         throw StreamFailure("no bytes for " + seconds_text(options_.request_timeout) +
                                 " (ShardOptions::request_timeout)",
                             true);
       }
-      t_.pump(milliseconds_until(deadline), cancel_);
+      t_.pump(milliseconds_until(std::min(deadline, budget_.end())), cancel_);
     }
     std::swap(t_.pending, t_.handed);
+    position_ += t_.handed.size();
+    budget_.handed(position_);
     return {t_.handed.data(), t_.handed.size()};
   }
 
@@ -259,6 +293,8 @@ class HttpStream final : public ByteStream {
   std::string url_;
   const RemoteOptions options_;
   const StreamCancel& cancel_;
+  StreamBudget budget_;
+  uint64_t position_ = 0;  // of the attempt: the offset of the next byte in the resource
   bool first_response_ = true;
   int64_t length_ = -1;  // of the whole resource, as the first response said; -1 unknown
   std::string etag_, last_modified_;

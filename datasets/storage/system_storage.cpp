@@ -189,7 +189,7 @@ class SystemReader final : public StorageReader {
     switch (where.kind) {
       case StorageLocation::Kind::kHttp:
         if (!http_) http_ = std::make_unique<detail::HttpClient>(options_);
-        if (!http_->get_if_exists(where.location, out)) return false;
+        if (!http_->get_if_exists(where.location, max_bytes, out)) return false;
         break;
       case StorageLocation::Kind::kPipe:
         detail::read_command_output(where.location, options_, max_bytes, out);

@@ -97,14 +97,15 @@ class TarShards(_ImageDataset):
                  rank: Optional[int] = ..., world_size: Optional[int] = ...,
                  epoch_samples: int = ..., retries: int = ...,
                  backoff: Tuple[float, float] = ..., request_timeout: float = ...,
-                 connect_timeout: float = ..., requests_in_flight: int = ...) -> None: ...
+                 connect_timeout: float = ..., requests_in_flight: int = ...,
+                 min_bytes_per_second: int = ...) -> None: ...
 
 def tar_shards(shards: _ShardNames, transform: Optional[Transform] = ..., *,
                streaming: bool = ..., index: Optional[str] = ..., shuffle_buffer: int = ...,
                rank: Optional[int] = ..., world_size: Optional[int] = ...,
                epoch_samples: int = ..., retries: int = ..., backoff: Tuple[float, float] = ...,
                request_timeout: float = ..., connect_timeout: float = ...,
-               requests_in_flight: int = ...) -> TarShards: ...
+               requests_in_flight: int = ..., min_bytes_per_second: int = ...) -> TarShards: ...
 
 class PatternDataset(Dataset):
     def __init__(self, size: int, sample_bytes: int = ...) -> None: ...

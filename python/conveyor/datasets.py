@@ -171,7 +171,8 @@ class TarShards(_ImageDataset):
                  shuffle_buffer: int = 1000, rank: Optional[int] = None,
                  world_size: Optional[int] = None, epoch_samples: int = 0, retries: int = 4,
                  backoff: Tuple[float, float] = (0.1, 2.0), request_timeout: float = 30.0,
-                 connect_timeout: float = 5.0, requests_in_flight: int = 4) -> None:
+                 connect_timeout: float = 5.0, requests_in_flight: int = 4,
+                 min_bytes_per_second: int = 65536) -> None:
         t = _transform(transform)
         # A str is the user's pattern; a path object or a list holds names taken literally.
         if isinstance(shards, bytes):
@@ -205,10 +206,13 @@ class TarShards(_ImageDataset):
             if not value > 0:
                 raise ValueError(f"conveyor: tar_shards: {name} must be > 0 seconds, "
                                  f"not {value!r}")
-        args = (self.shards, self.literal, t._cpp, index or "", self.streaming, int(shuffle_buffer), rank,
-                world_size, int(epoch_samples), int(retries), float(backoff[0]),
+        if not min_bytes_per_second >= 0:
+            raise ValueError(f"conveyor: tar_shards: min_bytes_per_second must be >= 0, "
+                             f"not {min_bytes_per_second!r}")
+        args = (self.shards, self.literal, t._cpp, index or "", self.streaming,
+                int(shuffle_buffer), rank, world_size, int(epoch_samples), int(retries), float(backoff[0]),
                 float(backoff[1]), float(request_timeout), float(connect_timeout),
-                int(requests_in_flight))
+                int(requests_in_flight), int(min_bytes_per_second))
         super().__init__(lambda: _C.tar_shards(*args), t)
 
 
@@ -232,7 +236,10 @@ def tar_shards(shards: Union[str, Sequence[str]], transform: Optional[Transform]
 
     HTTP: ``retries`` (4) with exponential ``backoff`` (0.1 s .. 2 s), a deadline on every
     request (``request_timeout``, 30 s; ``connect_timeout``, 5 s), ``requests_in_flight`` (4)
-    ranged reads per worker at once.
+    ranged reads per worker at once. A streamed shard (HTTP or ``pipe:``) that has reached byte N
+    fails once it has waited more than (``retries`` + 1) x ``request_timeout`` + ``retries`` x
+    the longest backoff + N / ``min_bytes_per_second`` (65536; 0: no floor), so a source that
+    trickles cannot hold it forever.
     """
     return TarShards(shards, transform, **options)
 

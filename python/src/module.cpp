@@ -135,7 +135,7 @@ std::unique_ptr<Source> tar_shards(const std::vector<std::string>& shards, bool 
                                    size_t world_size, size_t epoch_samples, int retries,
                                    double backoff_initial, double backoff_max,
                                    double request_timeout, double connect_timeout,
-                                   size_t requests_in_flight) {
+                                   size_t requests_in_flight, uint64_t min_bytes_per_second) {
   ShardOptions o;
   o.index = index;
   o.streaming = streaming;
@@ -149,6 +149,7 @@ std::unique_ptr<Source> tar_shards(const std::vector<std::string>& shards, bool 
   o.request_timeout = to_ms(request_timeout);
   o.connect_timeout = to_ms(connect_timeout);
   o.requests_in_flight = requests_in_flight;
+  o.min_bytes_per_second = min_bytes_per_second;
   std::unique_ptr<ImageSource> made;
   {
     py::gil_scoped_release released;  // reads every index (over HTTP, maybe)
@@ -505,7 +506,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("index"), py::arg("streaming"), py::arg("shuffle_buffer"), py::arg("rank"),
         py::arg("world_size"), py::arg("epoch_samples"), py::arg("retries"),
         py::arg("backoff_initial"), py::arg("backoff_max"), py::arg("request_timeout"),
-        py::arg("connect_timeout"), py::arg("requests_in_flight"));
+        py::arg("connect_timeout"), py::arg("requests_in_flight"),
+        py::arg("min_bytes_per_second"));
   m.def("pattern_source", &pattern_source, py::arg("size"), py::arg("sample_bytes"));
   m.def("pattern_byte", &conveyor::PatternSource::pattern_byte, py::arg("index"),
         py::arg("offset"));

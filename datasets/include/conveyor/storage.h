@@ -20,7 +20,11 @@
 //   * read_at() returns at most `size` bytes, and 0 only at or past the end of the file; a short
 //     count is no error, and read_range() and read_file() read on until they have every byte;
 //   * every HTTP request, and every wait for a command's output, ends by a deadline
-//     (RemoteOptions), so no read blocks forever on a remote source.
+//     (RemoteOptions), and a whole stream by the bound of min_bytes_per_second, so no read
+//     blocks forever on a remote source, however slowly it trickles;
+//   * an HTTP body is held to its cap while it arrives (read_whole's max_bytes, a range's size),
+//     and an error status is reported as that status after at most a small part of its body;
+//   * HTTP requests and their redirects (5 at most, to any host) use http and https only.
 #pragma once
 
 #include <atomic>
@@ -58,6 +62,17 @@ struct RemoteOptions {
   // byte.
   std::chrono::milliseconds request_timeout{30000};
   std::chrono::milliseconds connect_timeout{5000};
+  // HTTP(S) streams and pipe: commands: the slowest a stream may be, so that a server or command
+  // that trickles (a byte every few seconds, each wait within request_timeout) cannot hold a
+  // shard forever. A stream that has reached byte N of its resource may have waited for it at
+  // most G + N / min_bytes_per_second seconds in all, its retries and their backoff included,
+  // where G = (retries + 1) x request_timeout + retries x backoff_max (so a silent source still
+  // gets each attempt); past that it fails, not retried, naming this option. So a shard of N
+  // bytes is read, or has failed, after G + N / min_bytes_per_second of waiting. The time the
+  // consumer holds the bytes handed to it does not count, so a training loop that pauses
+  // mid-shard costs nothing. 0: no floor (only request_timeout per wait).
+  // Reads at random and whole reads (an index) are bounded by request_timeout per request.
+  uint64_t min_bytes_per_second = 64 * 1024;
   // HTTP(S), reads at random: Range requests a reader keeps in flight for the ranges it was told
   // it reads next (StorageReader::will_read), each on its own connection, so that the network
   // hides behind decoding. 1: one request at a time.
@@ -150,8 +165,9 @@ class ByteStream {
   // StreamFailure, StreamCancelled.
   virtual uint64_t start(uint64_t offset) = 0;
   // The attempt's next bytes, valid until the next call; none at the source's end (a whole
-  // body, a command that exited 0). Waits at most RemoteOptions::request_timeout for them.
-  // Throws StreamFailure, StreamCancelled.
+  // body, a command that exited 0). Waits at most RemoteOptions::request_timeout for them, and
+  // throws a StreamFailure that is not transient once the stream is slower than
+  // RemoteOptions::min_bytes_per_second. Throws StreamFailure, StreamCancelled.
   virtual Bytes read() = 0;
   // Ends the attempt: closes its connection, kills its command. No-op when none runs.
   virtual void stop() = 0;
@@ -174,8 +190,10 @@ class StorageReader {
   }
   // The whole of `where` (a file, a URL, a command's output) into `out`, at most `max_bytes`.
   // False when it does not exist (no such local file, HTTP 404 or 410); throws naming it when it
-  // cannot be read (a command that fails: its exit status and stderr) or holds more than
-  // `max_bytes` (a local file: checked before any byte is read).
+  // cannot be read (a command that fails: its exit status and stderr), or is larger than
+  // `max_bytes`: a local file is checked before any byte is read, a body or a command's output is
+  // stopped once it passes the cap, and a response whose Content-Length is over it is refused
+  // before its body is read.
   virtual bool read_whole(const StorageLocation& where, size_t max_bytes,
                           std::vector<uint8_t>& out) = 0;
   // The bytes of `where`, streamed: a local file, one plain GET, a command's output. `cancel`
