@@ -210,8 +210,8 @@ class TarShards(_ImageDataset):
             raise ValueError(f"conveyor: tar_shards: min_bytes_per_second must be >= 0, "
                              f"not {min_bytes_per_second!r}")
         args = (self.shards, self.literal, t._cpp, index or "", self.streaming,
-                int(shuffle_buffer), rank, world_size, int(epoch_samples), int(retries), float(backoff[0]),
-                float(backoff[1]), float(request_timeout), float(connect_timeout),
+                int(shuffle_buffer), rank, world_size, int(epoch_samples), int(retries),
+                float(backoff[0]), float(backoff[1]), float(request_timeout), float(connect_timeout),
                 int(requests_in_flight), int(min_bytes_per_second))
         super().__init__(lambda: _C.tar_shards(*args), t)
 
