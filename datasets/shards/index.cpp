@@ -9,8 +9,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "shards/names.h"
 #include "conveyor/internal/printable.h"
+#include "shards/names.h"
 
 namespace conveyor::detail {
 

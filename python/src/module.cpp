@@ -506,8 +506,7 @@ PYBIND11_MODULE(_C, m) {
         py::arg("index"), py::arg("streaming"), py::arg("shuffle_buffer"), py::arg("rank"),
         py::arg("world_size"), py::arg("epoch_samples"), py::arg("retries"),
         py::arg("backoff_initial"), py::arg("backoff_max"), py::arg("request_timeout"),
-        py::arg("connect_timeout"), py::arg("requests_in_flight"),
-        py::arg("min_bytes_per_second"));
+        py::arg("connect_timeout"), py::arg("requests_in_flight"), py::arg("min_bytes_per_second"));
   m.def("pattern_source", &pattern_source, py::arg("size"), py::arg("sample_bytes"));
   m.def("pattern_byte", &conveyor::PatternSource::pattern_byte, py::arg("index"),
         py::arg("offset"));
