@@ -16,11 +16,23 @@
 
 namespace conveyor {
 
-size_t FieldSpec::sample_bytes() const {
+size_t FieldSpec::item_bytes() const {
   size_t n = c10::elementSize(dtype);
   for (int64_t d : sample_shape) n *= static_cast<size_t>(d);
   return n;
 }
+
+size_t FieldSpec::sample_bytes() const {
+  return ragged() ? sizeof(int64_t) + max_items * item_bytes() : item_bytes();
+}
+
+int64_t RaggedRow::count() const {
+  int64_t n = 0;
+  std::memcpy(&n, row_, sizeof n);
+  return n;
+}
+
+void RaggedRow::set_count(int64_t items) { std::memcpy(row_, &items, sizeof items); }
 
 std::string SampleSource::describe(size_t index) const { return "sample " + std::to_string(index); }
 

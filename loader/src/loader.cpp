@@ -21,6 +21,15 @@ const at::Tensor& Batch::field(const std::string& name) const {
   throw std::out_of_range("Batch has no field '" + name + "'");
 }
 
+const at::Tensor& Batch::field_offsets(const std::string& name) const {
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] != name) continue;
+    if (i < offsets.size() && offsets[i].defined()) return offsets[i];
+    throw std::out_of_range("Batch field '" + name + "' is not ragged: it has no offsets");
+  }
+  throw std::out_of_range("Batch has no field '" + name + "'");
+}
+
 DataLoader::DataLoader(std::shared_ptr<SampleSource> source, LoaderOptions options,
                        std::unique_ptr<Sampler> sampler, std::unique_ptr<CopyEngine> copy_engine)
     : impl_(std::make_unique<Impl>(std::move(source),

@@ -36,12 +36,48 @@
 
 namespace conveyor {
 
-// One field of a sample: e.g. "image" uint8 [3,224,224] or "label" int64 [].
+// One field of a sample, as the loader lays it out in a batch slot.
+//
+// A fixed field (max_items == 0, the default): every sample holds one value of `sample_shape`
+// ("image" uint8 [3,224,224], "label" int64 []), sample_bytes() bytes of the row.
+//
+// A ragged field (max_items > 0): each sample holds 0 .. max_items items, each of shape
+// `sample_shape` (a caption: uint8 items of shape []; boxes: float32 items of shape [4]). Its row
+// is a RaggedRow: an int64 count of items (native byte order), then the items, packed, with room
+// for max_items of them: sample_bytes() = 8 + max_items * item_bytes(). So memory stays bounded
+// whatever the data, and a worker writes a sample in place, allocating nothing. A source never
+// writes more than max_items items: a sample over the bound is that sample's error (naming the
+// field and the option that sets the bound), never a silent truncation. The batch holds a ragged
+// field in the jagged layout (Batch::fields, Batch::offsets, conveyor/loader.h): `values`
+// [total items, ...sample_shape] and `offsets` int64 [B + 1], sample r's items being
+// values[offsets[r] .. offsets[r + 1]).
+//
+// host_only: the field stays in host memory when batches go to a CUDA device (text, bytes, JSON:
+// what the host reads, never the GPU). Both tensors of such a ragged field are then CPU tensors.
 struct FieldSpec {
   std::string name;
   c10::ScalarType dtype = c10::ScalarType::Byte;
   std::vector<int64_t> sample_shape;
+  size_t max_items = 0;
+  bool host_only = false;
+  bool ragged() const { return max_items > 0; }
+  // Bytes of one value of sample_shape: a fixed field's sample, a ragged field's item.
+  size_t item_bytes() const;
+  // Bytes of one sample's row: item_bytes() (fixed), or 8 + max_items * item_bytes() (ragged).
   size_t sample_bytes() const;
+};
+
+// A ragged field's row (FieldSpec): the count, then the items. Writers fill items() (at most
+// max_items of them) and set_count(); readers read count() and items().
+class RaggedRow {
+ public:
+  explicit RaggedRow(std::byte* row) : row_(row) {}
+  int64_t count() const;
+  void set_count(int64_t items);
+  std::byte* items() const { return row_ + sizeof(int64_t); }
+
+ private:
+  std::byte* row_;
 };
 
 // What a worker knows about the sample it is writing.

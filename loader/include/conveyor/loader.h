@@ -350,8 +350,13 @@ class TimeoutError : public std::runtime_error {
 // record_stream(stream) first: that stream then waits for the copy, and the tensors' memory is
 // not reused while work queued there may still read it, even after the batch is dropped.
 struct Batch {
-  // One tensor per field, [B, ...sample_shape], in the order of the source's fields().
+  // One tensor per field, in the order of the source's fields(): [B, ...sample_shape] for a fixed
+  // field; for a ragged field (FieldSpec::ragged) its `values`, [total items, ...sample_shape].
   std::vector<at::Tensor> fields;
+  // One per field: undefined for a fixed field; for a ragged field its `offsets`, int64 [B + 1],
+  // row r's items being fields[i][offsets[r] .. offsets[r + 1]). On the values' device (the CPU
+  // for a host_only field).
+  std::vector<at::Tensor> offsets;
   std::vector<std::string> names;
   // The dataset indices in this batch, in row order (substitutes under kSkip included).
   std::vector<size_t> indices;
@@ -360,7 +365,10 @@ struct Batch {
   // The end of the batch's copy to the device (set by the loader); null for a CPU batch.
   std::shared_ptr<const CopyFence> copy_fence;
 
+  // The tensor of field `name` (a ragged field's values). Throws std::out_of_range naming it.
   const at::Tensor& field(const std::string& name) const;
+  // A ragged field's offsets. Throws std::out_of_range naming a field that is not ragged.
+  const at::Tensor& field_offsets(const std::string& name) const;
   const at::Tensor& images() const { return field("image"); }
   const at::Tensor& labels() const { return field("label"); }
   size_t size() const { return indices.size(); }

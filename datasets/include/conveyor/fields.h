@@ -1,0 +1,174 @@
+// conveyor/fields.h: a sample as a set of named fields, and the sources that read them.
+//
+// What it is for: describing what a training loop wants of each sample (an image, a caption, a
+// JSON record, a class, a multi-hot target, stored logits, boxes), by name, and where each comes
+// from in the data: a WebDataset member's extension ("jpg;png;webp", "txt", "cls", "boxes.npy")
+// or a manifest's column. A FieldSource reads each sample's members and writes every field
+// straight into its row of the batch (conveyor/loader.h), so a batch is a dict of tensors:
+//
+//   conveyor::Fields fields = {
+//       {"image", conveyor::Field::image("jpg;png;jpeg;webp", conveyor::ImageTransform::train())},
+//       {"caption", conveyor::Field::text("txt")},
+//       {"label", conveyor::Field::integer("cls")},
+//       {"boxes", conveyor::Field::array("boxes.npy", c10::kFloat, {-1, 4})}};
+//   auto source = conveyor::FieldSource::tar_shards({"clip-{000000..000099}.tar"}, fields);
+//
+// Field kinds and what each makes of a member (a shard's file, or a manifest cell):
+//   image    a JPEG, decoded and transformed into uint8 [3,S,S] (or [S,S,3]), as ImageSource does;
+//   integer  decimal text (WebDataset's cls, index, id) or a JSON integer: int64 [];
+//   floating decimal text or a JSON number: float32 [];
+//   array    an .npy file (numpy's format 1, 2 or 3; its dtype and shape must be the declared
+//            ones) or a JSON list of numbers (a manifest cell); `shape` fixed, or with a first
+//            dimension of -1 that varies from sample to sample (ragged: boxes [N, 4]). With
+//            multi_hot, a 1-d field whose member lists class indices: 1 at each, 0 elsewhere.
+//   bytes    the member's bytes as they are (ragged uint8, host_only);
+//   text     UTF-8 text (checked), ragged uint8, host_only; a JSON cell's string is unquoted;
+//   json     a JSON value (checked: well formed, nested at most kMaxJsonDepth), its text as
+//            ragged uint8, host_only.
+// A ragged field (bytes, text, json, an array with a varying first dimension) holds at most
+// `max_bytes` bytes per sample (0: the kind's default, kDefaultMaxBytes); the batch slots are
+// sized from it once, so memory is bounded whatever the data.
+//
+// Requires: field names unique and non-empty, 1 to 16 fields. Guarantees: a sample that lacks a
+// field's member, or whose member does not fit the field (not decimal text, not UTF-8, malformed
+// JSON, an .npy of another dtype or shape or of dtype object (a pickle: never unpickled), more
+// than max_bytes), throws a std::runtime_error naming the sample (its shard and key, or its
+// manifest row), the field and, for a bound, the option (max_bytes); the loader turns it into a
+// SampleError or, under ErrorPolicy::kSkip, a counted substitute. Nothing from the data is ever
+// executed, and every size, shape and count is checked before anything is allocated for it.
+// Augmentation randomness is a pure function of (seed, epoch, index), as for ImageSource.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "conveyor/datasets.h"
+
+namespace conveyor {
+
+// One field of a sample: its kind, where it comes from, and its shape in the batch.
+struct Field {
+  enum class Kind { kImage, kInteger, kFloating, kArray, kBytes, kText, kJson };
+  // The default max_bytes of a ragged field (bytes, text, json, a ragged array): 64 KiB.
+  static constexpr size_t kDefaultMaxBytes = size_t{1} << 16;
+  // The deepest nesting of a json field's arrays and objects.
+  static constexpr size_t kMaxJsonDepth = 64;
+
+  Kind kind = Kind::kBytes;
+  // Shards: the member's extension (what follows the first dot of its name, in lower case), or
+  // several separated by ';', the first that a sample has ("jpg;png;jpeg;webp"). Manifests: the
+  // column's name.
+  std::string keys;
+  ImageTransform transform;                        // kImage
+  c10::ScalarType dtype = c10::ScalarType::Float;  // kArray: the element type
+  std::vector<int64_t> shape;  // kArray: the sample's shape; [0] may be -1 (ragged)
+  bool multi_hot = false;      // kArray, 1-d: the member lists indices
+  size_t max_bytes = 0;        // ragged kinds: per sample; 0: kDefaultMaxBytes
+
+  static Field image(std::string keys, ImageTransform transform);
+  static Field integer(std::string keys);
+  static Field floating(std::string keys);
+  static Field array(std::string keys, c10::ScalarType dtype, std::vector<int64_t> shape,
+                     size_t max_bytes = 0);
+  static Field multi_hot_array(std::string keys, int64_t classes,
+                               c10::ScalarType dtype = c10::ScalarType::Float);
+  static Field bytes(std::string keys, size_t max_bytes = 0);
+  static Field text(std::string keys, size_t max_bytes = 0);
+  static Field json(std::string keys, size_t max_bytes = 0);
+
+  // The batch's layout of this field, named `name`. Throws std::invalid_argument naming the
+  // field for a description that cannot be laid out (no keys, a shape with a zero or negative
+  // dimension other than a leading -1, multi_hot on a shape that is not 1-d, max_bytes smaller
+  // than one item).
+  FieldSpec spec(const std::string& name) const;
+  // The extensions (or the column) `keys` names, in order.
+  std::vector<std::string> key_list() const;
+};
+
+// A sample's fields, in the batch's order.
+using Fields = std::vector<std::pair<std::string, Field>>;
+
+// Where FieldSource::manifest reads its rows.
+struct ManifestOptions {
+  // The manifest's format. kAuto (the default): from its extension: .csv, .tsv, .jsonl or
+  // .ndjson (any case).
+  enum class Format { kAuto, kCsv, kTsv, kJsonLines };
+  Format format = Format::kAuto;
+  // The files' listings and bytes. Null (the default): system_storage().
+  std::shared_ptr<const Storage> storage;
+};
+
+// Samples as named fields (see above), from WebDataset shards or a manifest. Per-worker state
+// (decoders, read buffers), the worker rules and the errors are SampleSource's
+// (conveyor/datasets.h).
+class FieldSource : public SampleSource {
+ public:
+  // WebDataset tar shards with any members: what ImageSource::tar_shards reads, in both modes,
+  // the same patterns and ShardOptions, the same rules for names from data, the same errors. In
+  // random-access mode each sample is read with one ranged read of the members its fields use,
+  // as the shard's index (version 2) lists them; a version 1 index lists only the image, so only
+  // ImageSource's two fields can use it (re-index with conveyor-prepare --index-only). Shards
+  // without an index are streamed.
+  static std::unique_ptr<FieldSource> tar_shards(const std::vector<std::string>& patterns,
+                                                 Fields fields,
+                                                 const ShardOptions& options = ShardOptions());
+  static std::unique_ptr<FieldSource> tar_shards(const std::vector<ShardLocation>& shards,
+                                                 Fields fields,
+                                                 const ShardOptions& options = ShardOptions());
+  // A manifest: CSV (RFC 4180: a header row, quoted cells), TSV (a header row, no quoting) or
+  // JSON Lines (one object per line), one sample a row. An image field's column names the file,
+  // relative to the manifest's folder or absolute; every other field reads its column's cell.
+  // Throws std::runtime_error naming the manifest and the line for a malformed row, a row
+  // without a column that a field uses, a manifest of no rows.
+  static std::unique_ptr<FieldSource> manifest(const std::filesystem::path& path, Fields fields,
+                                               const ManifestOptions& options = ManifestOptions());
+
+  // Where a sample's members come from (build-only: datasets/sources/sample_kind.h).
+  class Kind;
+
+  ~FieldSource() override;
+  size_t size() const override;
+  std::vector<FieldSpec> fields() const override;
+  void prepare(size_t workers) override;
+  void write_sample(const SampleContext& ctx, std::byte* const* fields) override;
+  std::string describe(size_t index) const override;
+  void will_write(size_t worker, const size_t* indices, size_t count) override;
+  // The first image field, when it has one, for GPU decode (SampleSource::encoded_image_field).
+  std::optional<EncodedImageField> encoded_image_field() const override;
+  Encoded read_encoded(const SampleContext& ctx, std::vector<uint8_t>& buffer,
+                       std::byte* const* fields) override;
+
+  const Fields& field_descriptions() const { return fields_; }
+  // The class names of the shards' index (conveyor-prepare), or an ImageFolder's; may be empty.
+  const std::vector<std::string>& classes() const;
+  // Samples decoded at each DCT scale numerator 1..8 (index 0 unused), summed over workers and
+  // image fields.
+  std::vector<uint64_t> scale_histogram() const;
+  // Worker time spent in write_sample() so far, by stage, summed over workers: reading the
+  // members, decoding images, and the transform after the decode (ImageWriter::Timing); the
+  // other fields count as decoding. May be read from any thread while workers run.
+  struct WorkTime {
+    double read_seconds = 0;
+    double decode_seconds = 0;
+    double transform_seconds = 0;
+  };
+  WorkTime work_time() const;
+
+ protected:
+  FieldSource(std::unique_ptr<Kind> kind, Fields fields);
+  const Kind& kind() const { return *kind_; }
+
+ private:
+  struct Worker;  // a worker's field writers, buffers and counters
+  std::unique_ptr<Kind> kind_;
+  Fields fields_;
+  std::vector<FieldSpec> specs_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+};
+
+}  // namespace conveyor
