@@ -12,7 +12,7 @@ import os
 import tempfile
 from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
 
-from . import _C
+from . import _C, _options
 from .transforms import Transform, train_transform
 
 __all__ = ["Dataset", "ImageFolder", "FileList", "JpegBytes", "TarShards", "tar_shards",
@@ -91,7 +91,8 @@ class ImageFolder(_ImageDataset):
     def __init__(self, root: PathLike, transform: Optional[Transform] = None) -> None:
         self.root = os.fspath(root)
         t = _transform(transform)
-        super().__init__(lambda: _C.image_folder(self.root, t._cpp), t)
+        options = _C.FolderOptions()
+        super().__init__(lambda: _C.image_folder(self.root, t._cpp, options), t)
 
 
 class FileList(_ImageDataset):
@@ -105,9 +106,10 @@ class FileList(_ImageDataset):
     def __init__(self, items: Union[PathLike, Iterable[Tuple[PathLike, int]]],
                  transform: Optional[Transform] = None) -> None:
         t = _transform(transform)
+        options = _C.FolderOptions()
         if isinstance(items, (str, os.PathLike)):
             self.list_path = os.fspath(items)
-            super().__init__(lambda: _C.file_list(self.list_path, t._cpp), t)
+            super().__init__(lambda: _C.file_list(self.list_path, t._cpp, options), t)
             return
         pairs = []
         for n, entry in enumerate(items):
@@ -133,7 +135,7 @@ class FileList(_ImageDataset):
             with tempfile.NamedTemporaryFile("w", suffix=".tsv", encoding="utf-8") as f:
                 f.writelines(f"{p}\t{label}\n" for p, label in pairs)
                 f.flush()
-                return _C.file_list(f.name, t._cpp)
+                return _C.file_list(f.name, t._cpp, options)
 
         super().__init__(make, t)
 
@@ -209,10 +211,15 @@ class TarShards(_ImageDataset):
         if not min_bytes_per_second >= 0:
             raise ValueError(f"conveyor: tar_shards: min_bytes_per_second must be >= 0, "
                              f"not {min_bytes_per_second!r}")
-        args = (self.shards, self.literal, t._cpp, index or "", self.streaming,
-                int(shuffle_buffer), rank, world_size, int(epoch_samples), int(retries),
-                float(backoff[0]), float(backoff[1]), float(request_timeout), float(connect_timeout),
-                int(requests_in_flight), int(min_bytes_per_second))
+        options = _options.make(
+            _C.ShardOptions, index=index or "", streaming=self.streaming,
+            shuffle_buffer=int(shuffle_buffer), rank=rank, world_size=world_size,
+            epoch_samples=int(epoch_samples), retries=int(retries),
+            backoff_initial=float(backoff[0]), backoff_max=float(backoff[1]),
+            request_timeout=float(request_timeout), connect_timeout=float(connect_timeout),
+            requests_in_flight=int(requests_in_flight),
+            min_bytes_per_second=int(min_bytes_per_second))
+        args = (self.shards, self.literal, t._cpp, options)
         super().__init__(lambda: _C.tar_shards(*args), t)
 
 

@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 import torch
 
-from . import _C
+from . import _C, _options
 from .datasets import Dataset
 from .samplers import DistributedSampler, RandomSampler, Sampler, SequentialSampler, from_torch
 
@@ -215,9 +215,7 @@ class DataLoader:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
             raise ValueError(f"conveyor: DataLoader seed must be an int in [0, 2**63), "
                              f"not {seed!r}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"conveyor: DataLoader on_error must be 'raise' or 'skip', "
-                             f"not {on_error!r}")
+        on_error = _options.choice(_C.ErrorPolicy, on_error, "DataLoader on_error")
         if isinstance(gpu_decode, bool) or not isinstance(gpu_decode, (str, int, float)):
             raise ValueError(f"conveyor: DataLoader gpu_decode takes off, auto, hw-only or a "
                              f"share in [0, 1], not {gpu_decode!r}")
@@ -236,12 +234,14 @@ class DataLoader:
             sampler = from_torch(sampler, seed)
         device_name = _device(pin_memory_device if pin_memory_device and device is None
                               else device)
-        options = _C.make_options(batch_size, workers, bool(drop_last), bool(in_order),
-                                  float(timeout), seed, on_error,
-                                  _positive_int(max_substitutes, "max_substitutes", 0),
-                                  device_name, bool(pin_memory), prefetch_factor,
-                                  _positive_int(slots, "slots", 0),
-                                  _positive_int(chunk_size, "chunk_size", 0), str(gpu_decode))
+        options = _options.make(
+            _C.LoaderOptions, batch_size=batch_size, workers=workers, drop_last=bool(drop_last),
+            enforce_ordering=bool(in_order), timeout=float(timeout), seed=seed, on_error=on_error,
+            max_substitutes=_positive_int(max_substitutes, "max_substitutes", 0),
+            device=torch.device(device_name), pin_memory=bool(pin_memory),
+            prefetch_factor=prefetch_factor, slots=_positive_int(slots, "slots", 0),
+            chunk_size=_positive_int(chunk_size, "chunk_size", 0),
+            gpu_decode=_C.GpuDecode.parse(str(gpu_decode)))
         self.dataset = dataset
         self.sampler = sampler
         self._cpp = _C.Loader(dataset._claim(), options, **sampler._spec(seed))
@@ -309,7 +309,7 @@ class DataLoader:
     # --- what it is doing --------------------------------------------------------------------
     @property
     def batch_size(self) -> int:
-        return self._cpp.options["batch_size"]
+        return self._cpp.options.batch_size
 
     @property
     def num_workers(self) -> int:
@@ -318,16 +318,19 @@ class DataLoader:
 
     @property
     def drop_last(self) -> bool:
-        return self._cpp.options["drop_last"]
+        return self._cpp.options.drop_last
 
     @property
     def device(self) -> torch.device:
-        return torch.device(self._cpp.options["device"])
+        return self._cpp.options.device
 
     @property
     def options(self) -> Dict[str, Any]:
-        """The engine's options as resolved (workers, slots, chunk_size filled in)."""
-        return self._cpp.options
+        """The engine's options as resolved (workers, slots, chunk_size filled in): every field
+        of its LoaderOptions, enums and the device as their texts, gpu_decode as the text its
+        keyword takes."""
+        options = self._cpp.options
+        return {**_options.to_dict(options), "gpu_decode": str(options.gpu_decode)}
 
     @property
     def epoch(self) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Sequence, Tuple, Union
 
-from . import _C
+from . import _C, _options
 
 __all__ = ["Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize",
            "train_transform", "eval_transform", "SIMD_DCT_SCALES", "FULL_DCT_SCALE",
@@ -51,7 +51,7 @@ class Transform:
     (decompression bombs) before decoding; ``dct_scales`` is the mask of DCT scales a crop may be
     decoded at (SIMD_DCT_SCALES by default)."""
 
-    _mode = ""
+    _mode = ""  # the engine's ImageTransform.Mode, by its text
 
     def __init__(self, size, *, resize: int = 256, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3),
                  flip: Union[bool, float] = False, layout: str = "CHW",
@@ -68,16 +68,17 @@ class Transform:
         else:
             raise ValueError(f"conveyor: flip must be a bool or a probability in [0, 1], "
                              f"not {flip!r}")
-        if layout not in ("CHW", "HWC"):
-            raise ValueError(f"conveyor: layout must be 'CHW' or 'HWC', not {layout!r}")
+        cpp_layout = _options.choice(_C.ImageLayout, layout, "layout")
         self.layout = layout
         self.exif_orientation = bool(exif_orientation)
         self.max_pixels = int(max_pixels)
         self.dct_scales = int(dct_scales)
-        self._cpp = _C.make_transform(self._mode, self.size, self.resize, self.scale[0],
-                                      self.scale[1], self.ratio[0], self.ratio[1], self.flip,
-                                      self.layout, self.exif_orientation, self.max_pixels,
-                                      self.dct_scales)
+        self._cpp = _options.make(
+            _C.ImageTransform, mode=_options.choice(_C.ImageTransform.Mode, self._mode, "mode"),
+            size=self.size, resize=self.resize, scale_min=self.scale[0], scale_max=self.scale[1],
+            ratio_min=self.ratio[0], ratio_max=self.ratio[1], flip_probability=self.flip,
+            layout=cpp_layout, limits=_options.make(_C.DecodeLimits, max_pixels=self.max_pixels),
+            exif_orientation=self.exif_orientation, dct_scales=self.dct_scales)
 
     @property
     def output_shape(self) -> Tuple[int, int, int]:

@@ -58,6 +58,12 @@ class Source {
   std::weak_ptr<const void> owner_;
 };
 
+// Registers the engine's option structs (ImageTransform, DecodeLimits, FolderOptions,
+// RemoteOptions, ShardOptions, GpuDecode, LoaderOptions) and enums (ErrorPolicy, ImageLayout,
+// ImageTransform.Mode, GpuDecode.Mode) as classes of `m`, each field a read-write attribute
+// (options.cpp). Durations are seconds; an enum's value names are the texts the Python API takes.
+void bind_options(py::module_& m);
+
 // Converts the loader's checkpoint (DataLoader::state(), a LoaderState) to a dict of Python ints
 // and strings, and back (state_dict.cpp), without a torch archive. load_state() throws ValueError
 // naming the key whose value is not an int (of 64 bits), bool, str or list of ints, and the

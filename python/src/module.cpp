@@ -4,7 +4,6 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -45,43 +44,6 @@ void translate_exception(std::exception_ptr thrown) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Transforms
-
-ImageTransform make_transform(const std::string& mode, int size, int resize, double scale_min,
-                              double scale_max, double ratio_min, double ratio_max,
-                              double flip_probability, const std::string& layout,
-                              bool exif_orientation, uint64_t max_pixels, unsigned dct_scales) {
-  ImageTransform t;
-  if (mode == "random_resized_crop") {
-    t.mode = ImageTransform::Mode::kRandomResizedCrop;
-  } else if (mode == "resize_center_crop") {
-    t.mode = ImageTransform::Mode::kResizeCenterCrop;
-  } else if (mode == "resize") {
-    t.mode = ImageTransform::Mode::kResize;
-  } else {
-    throw std::invalid_argument("conveyor: unknown transform mode '" + mode + "'");
-  }
-  if (layout == "CHW") {
-    t.layout = ImageLayout::kCHW;
-  } else if (layout == "HWC") {
-    t.layout = ImageLayout::kHWC;
-  } else {
-    throw std::invalid_argument("conveyor: layout must be 'CHW' or 'HWC', not '" + layout + "'");
-  }
-  t.size = size;
-  t.resize = resize;
-  t.scale_min = scale_min;
-  t.scale_max = scale_max;
-  t.ratio_min = ratio_min;
-  t.ratio_max = ratio_max;
-  t.flip_probability = flip_probability;
-  t.exif_orientation = exif_orientation;
-  t.limits.max_pixels = max_pixels;
-  t.dct_scales = dct_scales;
-  return t;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Sources
 
 std::unique_ptr<Source> image_source(std::unique_ptr<ImageSource> made) {
@@ -89,20 +51,22 @@ std::unique_ptr<Source> image_source(std::unique_ptr<ImageSource> made) {
   return std::make_unique<Source>(std::shared_ptr<SampleSource>(std::move(made)), image);
 }
 
-std::unique_ptr<Source> image_folder(const std::string& root, const ImageTransform& transform) {
+std::unique_ptr<Source> image_folder(const std::string& root, const ImageTransform& transform,
+                                     const FolderOptions& options) {
   std::unique_ptr<ImageSource> made;
   {
     py::gil_scoped_release released;  // a large tree takes a while to list
-    made = ImageSource::image_folder(root, transform);
+    made = ImageSource::image_folder(root, transform, options);
   }
   return image_source(std::move(made));
 }
 
-std::unique_ptr<Source> file_list(const std::string& list, const ImageTransform& transform) {
+std::unique_ptr<Source> file_list(const std::string& list, const ImageTransform& transform,
+                                  const FolderOptions& options) {
   std::unique_ptr<ImageSource> made;
   {
     py::gil_scoped_release released;
-    made = ImageSource::file_list(list, transform);
+    made = ImageSource::file_list(list, transform, options);
   }
   return image_source(std::move(made));
 }
@@ -123,33 +87,10 @@ std::unique_ptr<Source> in_memory(const std::vector<py::bytes>& jpegs,
   return image_source(ImageSource::in_memory(std::move(bytes), labels, transform));
 }
 
-std::chrono::milliseconds to_ms(double seconds) {
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
-}
-
 // `shards`: the user's patterns (a Python str), or, with `literal`, names taken as they are (a
 // Python list: conveyor::literal_shard_location, never a pattern or a command).
 std::unique_ptr<Source> tar_shards(const std::vector<std::string>& shards, bool literal,
-                                   const ImageTransform& transform, const std::string& index,
-                                   bool streaming, size_t shuffle_buffer, size_t rank,
-                                   size_t world_size, size_t epoch_samples, int retries,
-                                   double backoff_initial, double backoff_max,
-                                   double request_timeout, double connect_timeout,
-                                   size_t requests_in_flight, uint64_t min_bytes_per_second) {
-  ShardOptions o;
-  o.index = index;
-  o.streaming = streaming;
-  o.shuffle_buffer = shuffle_buffer;
-  o.rank = rank;
-  o.world_size = world_size;
-  o.epoch_samples = epoch_samples;
-  o.retries = retries;
-  o.backoff_initial = to_ms(backoff_initial);
-  o.backoff_max = to_ms(backoff_max);
-  o.request_timeout = to_ms(request_timeout);
-  o.connect_timeout = to_ms(connect_timeout);
-  o.requests_in_flight = requests_in_flight;
-  o.min_bytes_per_second = min_bytes_per_second;
+                                   const ImageTransform& transform, const ShardOptions& o) {
   std::unique_ptr<ImageSource> made;
   {
     py::gil_scoped_release released;  // reads every index (over HTTP, maybe)
@@ -269,65 +210,6 @@ class Loader {
   std::shared_ptr<const void> token_;  // keeps the Source claimed while this loader lives
   std::unique_ptr<DataLoader> loader_;
 };
-
-LoaderOptions make_options(size_t batch_size, size_t workers, bool drop_last, bool enforce_ordering,
-                           double timeout, uint64_t seed, const std::string& on_error,
-                           size_t max_substitutes, const std::string& device, bool pin_memory,
-                           size_t prefetch_factor, size_t slots, size_t chunk_size,
-                           const std::string& gpu_decode) {
-  LoaderOptions o;
-  o.batch_size = batch_size;
-  o.workers = workers;
-  o.drop_last = drop_last;
-  o.enforce_ordering = enforce_ordering;
-  if (timeout > 0) o.timeout = std::max(std::chrono::milliseconds(1), to_ms(timeout));
-  o.seed = seed;
-  if (on_error == "raise") {
-    o.on_error = ErrorPolicy::kRaise;
-  } else if (on_error == "skip") {
-    o.on_error = ErrorPolicy::kSkip;
-  } else {
-    throw std::invalid_argument("conveyor: on_error must be 'raise' or 'skip', not '" + on_error +
-                                "'");
-  }
-  o.max_substitutes = max_substitutes;
-  o.device = c10::Device(device);
-  o.pin_memory = pin_memory;
-  o.prefetch_factor = prefetch_factor;
-  o.slots = slots;
-  o.chunk_size = chunk_size;
-  o.gpu_decode = GpuDecode::parse(gpu_decode);
-  return o;
-}
-
-// GpuDecode as GpuDecode::parse reads it back.
-std::string gpu_decode_text(const GpuDecode& g) {
-  if (g.mode == GpuDecode::Mode::kOff) return "off";
-  if (g.mode == GpuDecode::Mode::kAuto) return "auto";
-  if (g.share >= 1.0) return "hw-only";
-  std::ostringstream share;
-  share << g.share;
-  return share.str();
-}
-
-py::dict options_dict(const LoaderOptions& o) {
-  py::dict d;
-  d["batch_size"] = o.batch_size;
-  d["workers"] = o.workers;
-  d["drop_last"] = o.drop_last;
-  d["enforce_ordering"] = o.enforce_ordering;
-  d["timeout"] = o.timeout ? py::object(py::float_(o.timeout->count() / 1000.0)) : py::none();
-  d["seed"] = o.seed;
-  d["on_error"] = o.on_error == ErrorPolicy::kRaise ? "raise" : "skip";
-  d["max_substitutes"] = o.max_substitutes;
-  d["device"] = o.device.str();
-  d["pin_memory"] = o.pin_memory;
-  d["prefetch_factor"] = o.prefetch_factor;
-  d["slots"] = o.slots;
-  d["chunk_size"] = o.chunk_size;
-  d["gpu_decode"] = gpu_decode_text(o.gpu_decode);
-  return d;
-}
 
 py::dict stats_dict(const LoaderStats& s) {
   py::dict d;
@@ -457,24 +339,11 @@ std::shared_ptr<SampleSource> Source::claim(const std::shared_ptr<const void>& o
 PYBIND11_MODULE(_C, m) {
   namespace py = pybind11;
   using namespace conveyor::python;
-  using conveyor::ImageTransform;
   m.doc() = "Conveyor's C++ engine (use the `conveyor` package, not this module)";
   py::register_exception_translator(&translate_exception);
 
-  py::class_<ImageTransform>(m, "ImageTransform")
-      .def_readonly("size", &ImageTransform::size)
-      .def_readonly("resize", &ImageTransform::resize)
-      .def_readonly("scale_min", &ImageTransform::scale_min)
-      .def_readonly("scale_max", &ImageTransform::scale_max)
-      .def_readonly("ratio_min", &ImageTransform::ratio_min)
-      .def_readonly("ratio_max", &ImageTransform::ratio_max)
-      .def_readonly("flip_probability", &ImageTransform::flip_probability)
-      .def_readonly("exif_orientation", &ImageTransform::exif_orientation);
-  m.def("make_transform", &make_transform, py::arg("mode"), py::arg("size"), py::arg("resize"),
-        py::arg("scale_min"), py::arg("scale_max"), py::arg("ratio_min"), py::arg("ratio_max"),
-        py::arg("flip_probability"), py::arg("layout"), py::arg("exif_orientation"),
-        py::arg("max_pixels"), py::arg("dct_scales"));
-  m.attr("AUTO_WORKERS") = conveyor::kAutoWorkers;  // make_options' workers for "auto"
+  bind_options(m);
+  m.attr("AUTO_WORKERS") = conveyor::kAutoWorkers;  // LoaderOptions.workers for "auto"
   m.attr("SIMD_DCT_SCALES") = conveyor::kSimdDctScales;
   m.attr("FULL_DCT_SCALE") = conveyor::kFullDctScale;
   m.attr("ALL_DCT_SCALES") = conveyor::kAllDctScales;
@@ -499,23 +368,14 @@ PYBIND11_MODULE(_C, m) {
         }
         return d;
       });
-  m.def("image_folder", &image_folder, py::arg("root"), py::arg("transform"));
-  m.def("file_list", &file_list, py::arg("list"), py::arg("transform"));
+  m.def("image_folder", &image_folder, py::arg("root"), py::arg("transform"), py::arg("options"));
+  m.def("file_list", &file_list, py::arg("list"), py::arg("transform"), py::arg("options"));
   m.def("in_memory", &in_memory, py::arg("jpegs"), py::arg("labels"), py::arg("transform"));
   m.def("tar_shards", &tar_shards, py::arg("shards"), py::arg("literal"), py::arg("transform"),
-        py::arg("index"), py::arg("streaming"), py::arg("shuffle_buffer"), py::arg("rank"),
-        py::arg("world_size"), py::arg("epoch_samples"), py::arg("retries"),
-        py::arg("backoff_initial"), py::arg("backoff_max"), py::arg("request_timeout"),
-        py::arg("connect_timeout"), py::arg("requests_in_flight"), py::arg("min_bytes_per_second"));
+        py::arg("options"));
   m.def("pattern_source", &pattern_source, py::arg("size"), py::arg("sample_bytes"));
   m.def("pattern_byte", &conveyor::PatternSource::pattern_byte, py::arg("index"),
         py::arg("offset"));
-
-  py::class_<conveyor::LoaderOptions>(m, "LoaderOptions");
-  m.def("make_options", &make_options, py::arg("batch_size"), py::arg("workers"),
-        py::arg("drop_last"), py::arg("enforce_ordering"), py::arg("timeout"), py::arg("seed"),
-        py::arg("on_error"), py::arg("max_substitutes"), py::arg("device"), py::arg("pin_memory"),
-        py::arg("prefetch_factor"), py::arg("slots"), py::arg("chunk_size"), py::arg("gpu_decode"));
 
   py::class_<BatchFence>(m, "BatchFence")
       .def(
@@ -541,7 +401,8 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("epoch", [](Loader& l) { return l.get().epoch(); })
       .def("batches_per_epoch", [](Loader& l) { return l.get().batches_per_epoch(); })
       .def_property_readonly("workers", [](Loader& l) { return l.get().workers(); })
-      .def_property_readonly("options", [](Loader& l) { return options_dict(l.get().options()); })
+      .def_property_readonly("options",
+                             [](Loader& l) { return conveyor::LoaderOptions(l.get().options()); })
       .def_property_readonly("pinned_bytes", [](Loader& l) { return l.get().pinned_bytes(); })
       .def_property_readonly("is_pinned", [](Loader& l) { return l.get().is_pinned(); })
       .def_property_readonly("mode", [](Loader& l) { return l.get().mode(); })
