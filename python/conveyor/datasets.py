@@ -211,7 +211,8 @@ class TarShards(_ImageDataset):
         if not min_bytes_per_second >= 0:
             raise ValueError(f"conveyor: tar_shards: min_bytes_per_second must be >= 0, "
                              f"not {min_bytes_per_second!r}")
-        options = _options.make(
+        # The engine's ShardOptions, one keyword a field. (The lead's fields= joins here.)
+        self._options = options = _options.make(
             _C.ShardOptions, index=index or "", streaming=self.streaming,
             shuffle_buffer=int(shuffle_buffer), rank=rank, world_size=world_size,
             epoch_samples=int(epoch_samples), retries=int(retries),

@@ -3,7 +3,9 @@
 // keyword in python/conveyor. The enums' value names are the texts the Python API takes
 // ("raise", "CHW", "random_resized_crop"): python/conveyor/_options.py reads every such text
 // through them (choice()) and writes every struct back as a dict (to_dict()), so neither the
-// texts nor the fields are listed anywhere else.
+// texts nor the fields are listed anywhere else. The field kinds of conveyor/fields.h (issue 31)
+// are bound the same way: a py::class_ with a def_readwrite per member, a py::enum_ whose names
+// are the texts, and _options.make() on the Python side.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

@@ -9,7 +9,7 @@ import torch
 
 import conveyor
 from conveyor import _C, _options
-from conftest import CROP
+from conftest import CROP, shard_pattern
 
 # A value other than the engine's default for every LoaderOptions field: a field bound without
 # one here fails test_every_loader_option_field_set_from_python_arrives_in_the_engine.
@@ -159,3 +159,18 @@ def test_a_struct_refuses_a_field_it_does_not_have():
         options.batchsize = 4  # a bound struct takes no new attribute
     with pytest.raises(TypeError):
         options.batch_size = -1  # size_t
+
+
+def test_the_tar_shards_keywords_fill_the_engines_shard_options(shards):
+    ds = conveyor.tar_shards(str(shards / shard_pattern(shards)), conveyor.Resize(CROP),
+                             streaming=True, index=str(shards / "photos.index.json"),
+                             shuffle_buffer=7, rank=1, world_size=3, epoch_samples=4, retries=2,
+                             backoff=(0.25, 1.5), request_timeout=9.5, connect_timeout=1.25,
+                             requests_in_flight=6, min_bytes_per_second=1000)
+    got = _options.to_dict(ds._options)
+    assert got == {"retries": 2, "backoff_initial": 0.25, "backoff_max": 1.5,
+                   "request_timeout": 9.5, "connect_timeout": 1.25, "min_bytes_per_second": 1000,
+                   "requests_in_flight": 6, "index": str(shards / "photos.index.json"),
+                   "streaming": True, "shuffle_buffer": 7, "rank": 1, "world_size": 3,
+                   "epoch_samples": 4, "stream_window": 2048, "stream_lookahead": 512}
+    assert len(ds) == 4  # epoch_samples arrived in the engine's source
