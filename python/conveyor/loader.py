@@ -216,9 +216,6 @@ class DataLoader:
             raise ValueError(f"conveyor: DataLoader seed must be an int in [0, 2**63), "
                              f"not {seed!r}")
         on_error = _options.choice(_C.ErrorPolicy, on_error, "DataLoader on_error")
-        if isinstance(gpu_decode, bool) or not isinstance(gpu_decode, (str, int, float)):
-            raise ValueError(f"conveyor: DataLoader gpu_decode takes off, auto, hw-only or a "
-                             f"share in [0, 1], not {gpu_decode!r}")
         prefetch_factor = _positive_int(2 if prefetch_factor is None else prefetch_factor,
                                         "prefetch_factor")
         if sampler is not None and shuffle:
@@ -241,7 +238,7 @@ class DataLoader:
             device=torch.device(device_name), pin_memory=bool(pin_memory),
             prefetch_factor=prefetch_factor, slots=_positive_int(slots, "slots", 0),
             chunk_size=_positive_int(chunk_size, "chunk_size", 0),
-            gpu_decode=_C.GpuDecode.parse(str(gpu_decode)))
+            gpu_decode=_C.GpuDecode.parse(str(gpu_decode)))  # its texts, or a share
         self.dataset = dataset
         self.sampler = sampler
         self._cpp = _C.Loader(dataset._claim(), options, **sampler._spec(seed))
