@@ -1,4 +1,4 @@
-// The file and memory kinds of ImageSource (image_kind.h): image_folder and file_list read one
+// The file and memory kinds of ImageSource (sample_kind.h): image_folder and file_list read one
 // local file per sample through the Storage; in_memory holds the bytes.
 #include <algorithm>
 #include <cctype>
@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "conveyor/datasets.h"
-#include "sources/image_kind.h"
+#include "sources/sample_kind.h"
 
 namespace conveyor {
 
@@ -28,10 +28,10 @@ class FileKind final : public ImageSource::Kind {
     while (readers_.size() < workers) readers_.push_back(storage_->reader(RemoteOptions{}));
   }
 
-  Encoded read(const SampleContext& ctx, std::vector<uint8_t>& buffer) override {
+  void read(const SampleContext& ctx, detail::SampleMembers& out) override {
     const ImageItem& item = items_.at(ctx.index);
-    read_file(*storage_, *readers_.at(ctx.worker), item.path, buffer);
-    return {buffer.data(), buffer.size(), item.label};
+    read_file(*storage_, *readers_.at(ctx.worker), item.path, out.buffer);
+    detail::image_members(out, out.buffer.data(), out.buffer.size(), item.label);
   }
 
  private:
@@ -45,9 +45,9 @@ class MemoryKind final : public ImageSource::Kind {
   MemoryKind(std::vector<ImageItem> items, std::vector<std::vector<uint8_t>> jpegs)
       : Kind(std::move(items), {}), jpegs_(std::move(jpegs)) {}
   void prepare(size_t) override {}
-  Encoded read(const SampleContext& ctx, std::vector<uint8_t>&) override {
+  void read(const SampleContext& ctx, detail::SampleMembers& out) override {
     const std::vector<uint8_t>& jpeg = jpegs_.at(ctx.index);
-    return {jpeg.data(), jpeg.size(), items_[ctx.index].label};
+    detail::image_members(out, jpeg.data(), jpeg.size(), items_[ctx.index].label);
   }
 
  private:

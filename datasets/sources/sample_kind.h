@@ -48,8 +48,6 @@ struct Member {
   const uint8_t* data = nullptr;
   size_t size = 0;
   int64_t integer = 0;  // kInteger
-  // A manifest's file column: `data` is the path (relative to `base`), not the file's bytes.
-  bool is_path = false;
 };
 
 // One sample's members, as read() gives them; reused by each worker (no allocation once warm).
@@ -64,6 +62,14 @@ struct SampleMembers {
     return nullptr;
   }
 };
+
+// The members of an image source's sample (ImageSource: "image" and "label"): the image file's
+// bytes as "jpg" and the label as "cls".
+inline void image_members(SampleMembers& out, const uint8_t* image, size_t size, int64_t label) {
+  out.members.clear();
+  out.members.push_back({"jpg", MemberEncoding::kFile, image, size, 0});
+  out.members.push_back({"cls", MemberEncoding::kInteger, nullptr, 0, label});
+}
 
 }  // namespace detail
 
@@ -80,10 +86,11 @@ class FieldSource::Kind {
   const std::vector<ImageItem>& items() const { return items_; }
   const std::vector<std::string>& classes() const { return classes_; }
   virtual size_t size() const { return items_.size(); }
-  // The member names the source's fields may read (every key of every field), once, before
-  // prepare(). Throws std::invalid_argument naming a field that this kind can never serve (a
-  // version 1 index, which lists images only, asked for a txt member).
-  virtual void want(const std::vector<std::string>& names) { (void)names; }
+  // The source's fields, once, before prepare(): a kind that reads members at random reads only
+  // the members they name; a manifest reads an image field's column as a file's path. Throws
+  // std::invalid_argument naming a field that this kind can never serve (a version 1 index, which
+  // lists images only, asked for a txt member).
+  virtual void want(const Fields& fields) { (void)fields; }
   // Called before a loader's first read, with its number of workers.
   virtual void prepare(size_t workers) = 0;
   // Sample ctx.index's members into `out` (see above).

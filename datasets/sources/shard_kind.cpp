@@ -15,7 +15,7 @@
 #include "shards/index.h"
 #include "shards/names.h"
 #include "shards/tar_reader.h"
-#include "sources/image_kind.h"
+#include "sources/sample_kind.h"
 #include "sources/shard_stream.h"
 #include "storage/http.h"
 
@@ -51,10 +51,10 @@ class ShardKind final : public ImageSource::Kind {
     while (workers_.size() < workers) workers_.push_back({storage_->reader(options_), {}});
   }
 
-  Encoded read(const SampleContext& ctx, std::vector<uint8_t>& buffer) override {
+  void read(const SampleContext& ctx, detail::SampleMembers& out) override {
     const Member& m = members_.at(ctx.index);
-    read_range(*workers_.at(ctx.worker).reader, *files_[m.shard], m.offset, m.size, buffer);
-    return {buffer.data(), buffer.size(), items_[ctx.index].label};
+    read_range(*workers_.at(ctx.worker).reader, *files_[m.shard], m.offset, m.size, out.buffer);
+    detail::image_members(out, out.buffer.data(), out.buffer.size(), items_[ctx.index].label);
   }
 
   void will_read(size_t worker, const size_t* indices, size_t count) override {
@@ -275,9 +275,11 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(std::initializer_list<std::
   return tar_shards(std::vector<std::string>(patterns), std::move(transform), options);
 }
 
-std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<ShardLocation>& locations,
-                                                     ImageTransform transform,
-                                                     const ShardOptions& options) {
+namespace {
+
+// The kind of `locations`: streamed, or read at random by their indexes (see tar_shards).
+std::unique_ptr<FieldSource::Kind> shard_kind(const std::vector<ShardLocation>& locations,
+                                              const ShardOptions& options) {
   if (options.retries < 0) throw std::invalid_argument("tar_shards: retries must be >= 0");
   if (options.world_size == 0 || options.rank >= options.world_size) {
     throw std::invalid_argument("tar_shards: rank " + std::to_string(options.rank) +
@@ -294,10 +296,27 @@ std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<ShardLoca
   const bool streaming =
       options.streaming || pipes ||
       std::find(indexes.of.begin(), indexes.of.end(), nullptr) != indexes.of.end();
-  std::unique_ptr<Kind> kind = streaming
-                                   ? streaming_kind(locations, options, *storage, *reader, indexes)
-                                   : random_access_kind(locations, options, storage, indexes);
-  return std::unique_ptr<ImageSource>(new ImageSource(std::move(kind), transform));
+  return streaming ? streaming_kind(locations, options, *storage, *reader, indexes)
+                   : random_access_kind(locations, options, storage, indexes);
+}
+
+}  // namespace
+
+std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<ShardLocation>& locations,
+                                                     ImageTransform transform,
+                                                     const ShardOptions& options) {
+  return std::unique_ptr<ImageSource>(new ImageSource(shard_kind(locations, options), transform));
+}
+
+std::unique_ptr<FieldSource> FieldSource::tar_shards(const std::vector<std::string>& patterns,
+                                                     Fields fields, const ShardOptions& options) {
+  return tar_shards(expand_shard_locations(patterns), std::move(fields), options);
+}
+
+std::unique_ptr<FieldSource> FieldSource::tar_shards(const std::vector<ShardLocation>& locations,
+                                                     Fields fields, const ShardOptions& options) {
+  return std::unique_ptr<FieldSource>(
+      new FieldSource(shard_kind(locations, options), std::move(fields)));
 }
 
 }  // namespace conveyor

@@ -298,9 +298,9 @@ class StreamKind final : public ImageSource::Kind {
   size_t size() const override { return stream_->positions(); }
   // A new loader reads its epochs from their beginning.
   void prepare(size_t) override { stream_->reset(); }
-  Encoded read(const SampleContext& ctx, std::vector<uint8_t>& buffer) override {
-    const int64_t label = stream_->fetch(ctx.seed, ctx.epoch, ctx.index, buffer);
-    return {buffer.data(), buffer.size(), label};
+  void read(const SampleContext& ctx, detail::SampleMembers& out) override {
+    const int64_t label = stream_->fetch(ctx.seed, ctx.epoch, ctx.index, out.buffer);
+    detail::image_members(out, out.buffer.data(), out.buffer.size(), label);
   }
   std::string describe(size_t index) const override { return stream_->describe(index); }
 

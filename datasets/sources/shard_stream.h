@@ -42,7 +42,7 @@
 
 #include "conveyor/datasets.h"
 #include "shards/tar_reader.h"
-#include "sources/image_kind.h"
+#include "sources/sample_kind.h"
 
 namespace conveyor {
 namespace detail {

@@ -98,14 +98,62 @@ class TarShards(_ImageDataset):
                  epoch_samples: int = ..., retries: int = ...,
                  backoff: Tuple[float, float] = ..., request_timeout: float = ...,
                  connect_timeout: float = ..., requests_in_flight: int = ...,
-                 min_bytes_per_second: int = ...) -> None: ...
+                 min_bytes_per_second: int = ...,
+                 fields: Optional[Mapping[str, Field]] = ...) -> None: ...
+    fields: Optional[Dict[str, Field]]
 
 def tar_shards(shards: _ShardNames, transform: Optional[Transform] = ..., *,
                streaming: bool = ..., index: Optional[str] = ..., shuffle_buffer: int = ...,
                rank: Optional[int] = ..., world_size: Optional[int] = ...,
                epoch_samples: int = ..., retries: int = ..., backoff: Tuple[float, float] = ...,
                request_timeout: float = ..., connect_timeout: float = ...,
-               requests_in_flight: int = ..., min_bytes_per_second: int = ...) -> TarShards: ...
+               requests_in_flight: int = ..., min_bytes_per_second: int = ...,
+               fields: Optional[Mapping[str, Field]] = ...) -> TarShards: ...
+
+# --- named fields (docs/fields.md) ---------------------------------------------------------------
+class Field:
+    keys: str
+
+class Image(Field):
+    transform: Transform
+    def __init__(self, keys: str = ..., transform: Optional[Transform] = ...) -> None: ...
+
+class Int(Field):
+    def __init__(self, keys: str = ...) -> None: ...
+
+class Float(Field):
+    def __init__(self, keys: str) -> None: ...
+
+class Array(Field):
+    shape: Optional[Tuple[int, ...]]
+    dtype: torch.dtype
+    multi_hot: bool
+    max_bytes: int
+    def __init__(self, keys: str = ..., shape: Optional[Sequence[int]] = ...,
+                 dtype: torch.dtype = ..., *, multi_hot: bool = ...,
+                 max_bytes: Optional[int] = ...) -> None: ...
+
+class Bytes(Field):
+    max_bytes: int
+    def __init__(self, keys: str, max_bytes: Optional[int] = ...) -> None: ...
+
+class Text(Bytes):
+    def __init__(self, keys: str = ..., max_bytes: Optional[int] = ...) -> None: ...
+
+class Json(Bytes):
+    def __init__(self, keys: str = ..., max_bytes: Optional[int] = ...) -> None: ...
+
+class FieldBatch(Dict[str, Any]):
+    indices: List[int]
+    epoch: int
+    sequence: int
+    def record_stream(self, stream: Any) -> None: ...
+
+class Manifest(Dataset):
+    path: str
+    fields: Dict[str, Field]
+    def __init__(self, path: Union[str, os.PathLike], fields: Mapping[str, Field],
+                 format: Optional[str] = ...) -> None: ...
 
 class PatternDataset(Dataset):
     def __init__(self, size: int, sample_bytes: int = ...) -> None: ...

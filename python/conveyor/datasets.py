@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _C, _options
+from .fields import Field, _cpp_fields
 from .transforms import Transform, train_transform
 
-__all__ = ["Dataset", "ImageFolder", "FileList", "JpegBytes", "TarShards", "tar_shards",
+__all__ = ["Dataset", "ImageFolder", "FileList", "JpegBytes", "TarShards", "tar_shards", "Manifest",
            "PatternDataset", "expand_shard_braces"]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -174,8 +175,15 @@ class TarShards(_ImageDataset):
                  world_size: Optional[int] = None, epoch_samples: int = 0, retries: int = 4,
                  backoff: Tuple[float, float] = (0.1, 2.0), request_timeout: float = 30.0,
                  connect_timeout: float = 5.0, requests_in_flight: int = 4,
-                 min_bytes_per_second: int = 65536) -> None:
-        t = _transform(transform)
+                 min_bytes_per_second: int = 65536,
+                 fields: Optional[Mapping[str, "Field"]] = None) -> None:
+        if fields is not None and transform is not None:
+            raise ValueError("conveyor: tar_shards: with fields=, each conveyor.Image field "
+                             "carries its own transform; do not give transform= too")
+        t = _transform(transform) if fields is None else None
+        #: The fields of each sample (a dict), or None: batches are then (images, labels).
+        self.fields = dict(fields) if fields is not None else None
+        cpp_fields = _cpp_fields(self.fields) if fields is not None else None
         # A str is the user's pattern; a path object or a list holds names taken literally.
         if isinstance(shards, bytes):
             raise TypeError("conveyor: tar_shards: shards must be a str (a pattern) or a list "
@@ -220,6 +228,10 @@ class TarShards(_ImageDataset):
             request_timeout=float(request_timeout), connect_timeout=float(connect_timeout),
             requests_in_flight=int(requests_in_flight),
             min_bytes_per_second=int(min_bytes_per_second))
+        if cpp_fields is not None:
+            args = (self.shards, self.literal, cpp_fields, options)
+            super().__init__(lambda: _C.field_tar_shards(*args), None)
+            return
         args = (self.shards, self.literal, t._cpp, options)
         super().__init__(lambda: _C.tar_shards(*args), t)
 
@@ -250,6 +262,32 @@ def tar_shards(shards: Union[str, Sequence[str]], transform: Optional[Transform]
     trickles cannot hold it forever.
     """
     return TarShards(shards, transform, **options)
+
+
+class Manifest(Dataset):
+    """A manifest of samples as named fields: CSV (a header row, RFC 4180 quoting), TSV or JSON
+    Lines, one sample a row (``format``: "csv", "tsv", "jsonl", or None: from the extension).
+    Each field reads its column; a ``conveyor.Image`` field's column names the image file,
+    relative to the manifest's folder or absolute. Batches are ``conveyor.FieldBatch`` dicts::
+
+        rows = conveyor.Manifest("train.jsonl", fields={
+            "image": conveyor.Image("path", transform=conveyor.RandomResizedCrop(224)),
+            "labels": conveyor.Array("labels", shape=(1000,), multi_hot=True)})
+
+    ``describe(i)`` names the manifest and the line of row i."""
+
+    def __init__(self, path: PathLike, fields: Mapping[str, Field],
+                 format: Optional[str] = None) -> None:
+        self.path = os.fspath(path)
+        #: The fields of each sample (a dict).
+        self.fields = dict(fields)
+        cpp_fields = _cpp_fields(self.fields)
+        fmt = "" if format is None else str(format)
+        super().__init__(lambda: _C.manifest(self.path, cpp_fields, fmt), None)
+
+    def __repr__(self) -> str:
+        return (f"conveyor.Manifest({self.path!r}, {len(self)} samples, "
+                f"fields={list(self.fields)})")
 
 
 class PatternDataset(Dataset):

@@ -12,6 +12,7 @@ import torch
 
 from . import _C, _options
 from .datasets import Dataset
+from .fields import FieldBatch, make_field_batch
 from .samplers import DistributedSampler, RandomSampler, Sampler, SequentialSampler, from_torch
 
 __all__ = ["DataLoader", "Batch"]
@@ -34,7 +35,7 @@ class Batch(tuple):
     _fence: Any = None  # _C.BatchFence of a device batch: the end of its copy
 
     @classmethod
-    def _make(cls, fields, names, indices, epoch, sequence, fence=None) -> "Batch":
+    def _make(cls, fields, offsets, names, indices, epoch, sequence, fence=None) -> "Batch":
         batch = tuple.__new__(cls, fields)
         batch.names = tuple(names)
         batch.indices = indices
@@ -376,7 +377,7 @@ class _EpochIterator:
     def __len__(self) -> int:
         return len(self._loader)
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> Union[Batch, FieldBatch]:
         loader = self._loader
         if loader._generation != self._generation:
             raise RuntimeError("conveyor: this iterator belongs to an earlier epoch, which a later "
@@ -384,4 +385,7 @@ class _EpochIterator:
         out = loader._cpp.next()
         if out is None:
             raise StopIteration
+        fields = getattr(loader.dataset, "fields", None)
+        if fields is not None:
+            return make_field_batch(fields, out)
         return Batch._make(*out)

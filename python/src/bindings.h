@@ -62,6 +62,9 @@ class Source {
 // RemoteOptions, ShardOptions, GpuDecode, LoaderOptions) and enums (ErrorPolicy, ImageLayout,
 // ImageTransform.Mode, GpuDecode.Mode) as classes of `m`, each field a read-write attribute
 // (options.cpp). Durations are seconds; an enum's value names are the texts the Python API takes.
+// Binds Field and the sources of named fields (fields.cpp).
+void bind_fields(py::module_& m);
+
 void bind_options(py::module_& m);
 
 // Converts the loader's checkpoint (DataLoader::state(), a LoaderState) to a dict of Python ints

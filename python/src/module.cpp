@@ -180,17 +180,22 @@ class Loader {
 
   // (fields, names, indices, epoch, sequence, fence), or None at the end of the epoch. fence: the
   // end of the batch's copy to the device (a BatchFence), None for a CPU batch.
+  // (fields, offsets, names, indices, epoch, sequence, fence): offsets has one entry per field,
+  // None for a fixed field, a ragged field's offsets tensor otherwise (Batch::offsets).
   py::object next() {
     std::optional<Batch> batch = wait_for_batch(get());
     if (!batch) return py::none();
     py::tuple fields(batch->fields.size());
+    py::tuple offsets(batch->fields.size());
     for (size_t i = 0; i < batch->fields.size(); ++i) {
       fields[i] = py::cast(std::move(batch->fields[i]));  // the same TensorImpl: no copy
+      const bool ragged = i < batch->offsets.size() && batch->offsets[i].defined();
+      offsets[i] = ragged ? py::cast(std::move(batch->offsets[i])) : py::none();
     }
     py::object fence = py::none();
     if (batch->copy_fence) fence = py::cast(BatchFence{std::move(batch->copy_fence)});
-    return py::make_tuple(fields, py::cast(batch->names), py::cast(batch->indices), batch->epoch,
-                          batch->sequence, fence);
+    return py::make_tuple(fields, offsets, py::cast(batch->names), py::cast(batch->indices),
+                          batch->epoch, batch->sequence, fence);
   }
 
   void close() {
@@ -343,6 +348,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception_translator(&translate_exception);
 
   bind_options(m);
+  bind_fields(m);
   m.attr("AUTO_WORKERS") = conveyor::kAutoWorkers;  // LoaderOptions.workers for "auto"
   m.attr("SIMD_DCT_SCALES") = conveyor::kSimdDctScales;
   m.attr("FULL_DCT_SCALE") = conveyor::kFullDctScale;

@@ -296,11 +296,13 @@ def test_record_stream_makes_the_stream_wait_for_the_batchs_own_copy(monkeypatch
     monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
     images, labels = torch.zeros(2, 3, 4, 4, dtype=torch.uint8), torch.arange(2)
     stream = object()  # any stream: the fence is what orders it
-    batch = conveyor.Batch._make((images, labels), ("image", "label"), [0, 1], 0, 0, Fence())
+    batch = conveyor.Batch._make((images, labels), (None, None), ("image", "label"), [0, 1], 0, 0,
+                                 Fence())
     batch.record_stream(stream)
     assert len(calls) == 1
     assert calls[0][0] is stream
     assert len(calls[0][1]) == 2 and all(a is b for a, b in zip(calls[0][1], batch))
-    cpu = conveyor.Batch._make((images, labels), ("image", "label"), [0, 1], 0, 0, None)
+    cpu = conveyor.Batch._make((images, labels), (None, None), ("image", "label"), [0, 1], 0, 0,
+                               None)
     cpu.record_stream(stream)
     assert len(calls) == 1

@@ -19,7 +19,8 @@
 //   floating decimal text or a JSON number: float32 [];
 //   array    an .npy file (numpy's format 1, 2 or 3; its dtype and shape must be the declared
 //            ones) or a JSON list of numbers (a manifest cell); `shape` fixed, or with a first
-//            dimension of -1 that varies from sample to sample (ragged: boxes [N, 4]). With
+//            dimension of -1 that varies from sample to sample (ragged: boxes [N, 4]); [-1]
+//            alone takes an .npy of any shape, flattened (its items are its elements). With
 //            multi_hot, a 1-d field whose member lists class indices: 1 at each, 0 elsewhere.
 //   bytes    the member's bytes as they are (ragged uint8, host_only);
 //   text     UTF-8 text (checked), ragged uint8, host_only; a JSON cell's string is unquoted;
@@ -43,13 +44,19 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "conveyor/datasets.h"
+#include "conveyor/sample_source.h"
 
 namespace conveyor {
+
+namespace detail {
+struct Member;
+struct SampleMembers;
+}  // namespace detail
 
 // One field of a sample: its kind, where it comes from, and its shape in the batch.
 struct Field {
@@ -164,10 +171,18 @@ class FieldSource : public SampleSource {
   const Kind& kind() const { return *kind_; }
 
  private:
-  struct Worker;  // a worker's field writers, buffers and counters
+  struct Worker;  // a worker's field writers, members and counters
+  void read_members(Worker& w, const SampleContext& ctx);
+  // The member of field `field` (the first of its keys that the sample has); throws naming the
+  // field when the sample has none.
+  const detail::Member& member_of(const detail::SampleMembers& members, size_t field) const;
+  // Writes every field but `skip` from the worker's members.
+  void write_fields(Worker& w, const SampleContext& ctx, std::byte* const* rows,
+                    std::optional<size_t> skip);
   std::unique_ptr<Kind> kind_;
   Fields fields_;
   std::vector<FieldSpec> specs_;
+  std::vector<std::vector<std::string>> keys_;  // per field: Field::key_list()
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 

@@ -1,0 +1,172 @@
+// Field (conveyor/fields.h): each kind's description and layout, and the table from kind to writer.
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "conveyor/fields.h"
+#include "conveyor/internal/printable.h"
+#include "fields/field_writer.h"
+
+namespace conveyor {
+
+namespace {
+
+Field make(Field::Kind kind, std::string keys) {
+  Field f;
+  f.kind = kind;
+  f.keys = std::move(keys);
+  return f;
+}
+
+}  // namespace
+
+Field Field::image(std::string keys, ImageTransform transform) {
+  Field f = make(Kind::kImage, std::move(keys));
+  f.transform = transform;
+  return f;
+}
+
+Field Field::integer(std::string keys) { return make(Kind::kInteger, std::move(keys)); }
+
+Field Field::floating(std::string keys) { return make(Kind::kFloating, std::move(keys)); }
+
+Field Field::array(std::string keys, c10::ScalarType dtype, std::vector<int64_t> shape,
+                   size_t max_bytes) {
+  Field f = make(Kind::kArray, std::move(keys));
+  f.dtype = dtype;
+  f.shape = std::move(shape);
+  f.max_bytes = max_bytes;
+  return f;
+}
+
+Field Field::multi_hot_array(std::string keys, int64_t classes, c10::ScalarType dtype) {
+  Field f = array(std::move(keys), dtype, {classes});
+  f.multi_hot = true;
+  return f;
+}
+
+Field Field::bytes(std::string keys, size_t max_bytes) {
+  Field f = make(Kind::kBytes, std::move(keys));
+  f.max_bytes = max_bytes;
+  return f;
+}
+
+Field Field::text(std::string keys, size_t max_bytes) {
+  Field f = make(Kind::kText, std::move(keys));
+  f.max_bytes = max_bytes;
+  return f;
+}
+
+Field Field::json(std::string keys, size_t max_bytes) {
+  Field f = make(Kind::kJson, std::move(keys));
+  f.max_bytes = max_bytes;
+  return f;
+}
+
+std::vector<std::string> Field::key_list() const {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (begin <= keys.size()) {
+    size_t end = keys.find(';', begin);
+    if (end == std::string::npos) end = keys.size();
+    std::string key = keys.substr(begin, end - begin);
+    for (char& c : key) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    if (!key.empty()) out.push_back(std::move(key));
+    begin = end + 1;
+  }
+  return out;
+}
+
+FieldSpec Field::spec(const std::string& name) const {
+  const auto bad = [&](const std::string& why) {
+    return std::invalid_argument(detail::field_label(name) + ": " + why);
+  };
+  if (name.empty()) throw std::invalid_argument("a field needs a name");
+  if (key_list().empty()) throw bad("no member or column named (keys is empty)");
+  FieldSpec spec;
+  spec.name = name;
+  const size_t max = max_bytes == 0 ? kDefaultMaxBytes : max_bytes;
+  switch (kind) {
+    case Kind::kImage: {
+      if (transform.size <= 0) throw bad("the transform's size must be positive");
+      const int64_t s = transform.size;
+      spec.dtype = c10::ScalarType::Byte;
+      spec.sample_shape = transform.layout == ImageLayout::kCHW ? std::vector<int64_t>{3, s, s}
+                                                                : std::vector<int64_t>{s, s, 3};
+      return spec;
+    }
+    case Kind::kInteger:
+      spec.dtype = c10::ScalarType::Long;
+      return spec;
+    case Kind::kFloating:
+      spec.dtype = c10::ScalarType::Float;
+      return spec;
+    case Kind::kArray: {
+      spec.dtype = dtype;
+      if (multi_hot && (shape.size() != 1 || shape[0] <= 0)) {
+        throw bad("multi_hot needs a 1-d shape of at least one class");
+      }
+      for (size_t d = 0; d < shape.size(); ++d) {
+        if (shape[d] > 0 || (d == 0 && shape[d] == -1)) continue;
+        throw bad("shape dimension " + std::to_string(d) + " is " + std::to_string(shape[d]) +
+                  " (every dimension is positive; only the first may be -1, varying)");
+      }
+      if (!shape.empty() && shape[0] == -1) {
+        spec.sample_shape.assign(shape.begin() + 1, shape.end());
+        const size_t item = spec.item_bytes();
+        if (max < item) {
+          throw bad("max_bytes " + std::to_string(max) + " holds no item of " +
+                    std::to_string(item) + " bytes");
+        }
+        spec.max_items = max / item;
+        return spec;
+      }
+      spec.sample_shape = shape;
+      if (spec.item_bytes() > (size_t{1} << 30)) throw bad("a sample over 1 GiB");
+      return spec;
+    }
+    case Kind::kBytes:
+    case Kind::kText:
+    case Kind::kJson:
+      spec.dtype = c10::ScalarType::Byte;
+      spec.max_items = max;
+      spec.host_only = true;
+      return spec;
+  }
+  throw bad("an unknown kind");
+}
+
+namespace detail {
+
+std::string field_label(const std::string& name) { return "field \"" + printable(name) + "\""; }
+
+std::string member_text(const Member& member) {
+  if (member.encoding == MemberEncoding::kInteger) return std::to_string(member.integer);
+  return "'" +
+         printable(std::string_view(reinterpret_cast<const char*>(member.data), member.size)) + "'";
+}
+
+std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Field& field,
+                                               const FieldSpec& spec) {
+  switch (field.kind) {
+    case Field::Kind::kImage:
+      return make_image_writer(name, field);
+    case Field::Kind::kInteger:
+      return make_integer_writer(name);
+    case Field::Kind::kFloating:
+      return make_floating_writer(name);
+    case Field::Kind::kArray:
+      return make_array_writer(name, field, spec);
+    case Field::Kind::kBytes:
+      return make_bytes_writer(name, spec);
+    case Field::Kind::kText:
+      return make_text_writer(name, spec);
+    case Field::Kind::kJson:
+      return make_json_writer(name, spec);
+  }
+  throw std::invalid_argument(field_label(name) + ": an unknown kind");
+}
+
+}  // namespace detail
+}  // namespace conveyor

@@ -1,0 +1,63 @@
+// datasets/fields/field_writer.h (build-only): how one field of a sample is made from its member.
+//
+// One FieldWriter per field per worker (it may keep state: an image writer's decoder and
+// scratch). make_field_writer() is the one table from Field::Kind to its writer; each kind's
+// writer lives in its own file (image_field.cpp, scalar_fields.cpp, array_field.cpp,
+// text_fields.cpp). Adding a kind: its enumerator in conveyor/fields.h, its spec in field.cpp, its
+// writer file and its entry in the table.
+//
+// Requires: write() gets a member the field's keys name, and `row` with spec.sample_bytes()
+// writable bytes (a RaggedRow for a ragged spec). Guarantees: write() fills the whole row (a
+// ragged row's count and items), or throws a std::runtime_error whose message starts with
+// `field "NAME"` and says what is wrong (naming the option for a bound); it never writes past the
+// row, whatever the member holds. Thread safety: one thread per writer.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "conveyor/datasets.h"
+#include "conveyor/fields.h"
+#include "sources/sample_kind.h"
+
+namespace conveyor::detail {
+
+class FieldWriter {
+ public:
+  virtual ~FieldWriter() = default;
+  virtual void write(const Member& member, const SampleContext& ctx, std::byte* row) = 0;
+  // What an image writer measured of its last write(); zero for the other kinds.
+  struct Timing {
+    uint64_t decode_ns = 0;
+    uint64_t transform_ns = 0;
+    int scale = 0;  // the DCT scale numerator used, 1..8; 0 when nothing was decoded
+  };
+  virtual Timing last_timing() const { return {}; }
+};
+
+// The writer of field `name` described by `field` (whose spec() is `spec`).
+std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Field& field,
+                                               const FieldSpec& spec);
+
+// The prefix of every message about field `name`: `field "NAME"`.
+std::string field_label(const std::string& name);
+
+// The text of a member that holds a scalar or short text (decimal text, a JSON value's text),
+// for messages: printable and bounded.
+std::string member_text(const Member& member);
+
+// Each kind's writer (one file each).
+std::unique_ptr<FieldWriter> make_image_writer(const std::string& name, const Field& field);
+std::unique_ptr<FieldWriter> make_integer_writer(const std::string& name);
+std::unique_ptr<FieldWriter> make_floating_writer(const std::string& name);
+std::unique_ptr<FieldWriter> make_array_writer(const std::string& name, const Field& field,
+                                               const FieldSpec& spec);
+std::unique_ptr<FieldWriter> make_bytes_writer(const std::string& name, const FieldSpec& spec);
+std::unique_ptr<FieldWriter> make_text_writer(const std::string& name, const FieldSpec& spec);
+std::unique_ptr<FieldWriter> make_json_writer(const std::string& name, const FieldSpec& spec);
+
+}  // namespace conveyor::detail

@@ -1,0 +1,42 @@
+// The image field (conveyor/fields.h): a JPEG member decoded and transformed by ImageWriter.
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "fields/field_writer.h"
+
+namespace conveyor::detail {
+
+namespace {
+
+class ImageFieldWriter final : public FieldWriter {
+ public:
+  ImageFieldWriter(std::string name, const ImageTransform& transform)
+      : name_(std::move(name)), writer_(transform) {}
+
+  void write(const Member& member, const SampleContext& ctx, std::byte* row) override {
+    if (member.encoding != MemberEncoding::kFile) {
+      throw std::runtime_error(field_label(name_) + ": member \"" + std::string(member.name) +
+                               "\" is not an image file");
+    }
+    writer_.write(member.data, member.size, ctx, row);
+  }
+
+  Timing last_timing() const override {
+    const ImageWriter::Timing t = writer_.last_timing();
+    return {static_cast<uint64_t>(t.decode.count()), static_cast<uint64_t>(t.transform.count()),
+            writer_.last_scale()};
+  }
+
+ private:
+  std::string name_;
+  ImageWriter writer_;
+};
+
+}  // namespace
+
+std::unique_ptr<FieldWriter> make_image_writer(const std::string& name, const Field& field) {
+  return std::make_unique<ImageFieldWriter>(name, field.transform);
+}
+
+}  // namespace conveyor::detail

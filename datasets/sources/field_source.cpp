@@ -1,0 +1,202 @@
+// FieldSource (conveyor/fields.h): what every source of named fields shares. The kind
+// (sample_kind.h) says what sample i's members are; this file finds each field's member and has
+// its writer (fields/field_writer.h) write it into the row, and counts where the time went.
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#include "conveyor/fields.h"
+#include "conveyor/internal/printable.h"
+#include "conveyor/internal/trace.h"
+#include "fields/field_writer.h"
+#include "sources/sample_kind.h"
+
+namespace conveyor {
+
+using Clock = std::chrono::steady_clock;
+
+size_t FieldSpec::item_bytes() const {
+  size_t n = c10::elementSize(dtype);
+  for (int64_t d : sample_shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+size_t FieldSpec::sample_bytes() const {
+  return ragged() ? sizeof(int64_t) + max_items * item_bytes() : item_bytes();
+}
+
+int64_t RaggedRow::count() const {
+  int64_t n = 0;
+  std::memcpy(&n, row_, sizeof n);
+  return n;
+}
+
+void RaggedRow::set_count(int64_t items) { std::memcpy(row_, &items, sizeof items); }
+
+std::string SampleSource::describe(size_t index) const { return "sample " + std::to_string(index); }
+
+std::vector<FieldSpec> SampleSource::learn_fields(size_t) {
+  throw std::logic_error("conveyor: learn_fields() on a source whose fields() are known");
+}
+
+SampleSource::Encoded SampleSource::read_encoded(const SampleContext& ctx, std::vector<uint8_t>&,
+                                                 std::byte* const*) {
+  throw std::logic_error("conveyor: read_encoded() of sample " + std::to_string(ctx.index) +
+                         " on a source without an encoded image field");
+}
+
+struct FieldSource::Worker {
+  std::vector<std::unique_ptr<detail::FieldWriter>> writers;  // per field
+  detail::SampleMembers members;
+  std::array<std::atomic<uint64_t>, 9> scales{};
+  // Nanoseconds in write_sample(): reading, decoding, transforming.
+  std::atomic<uint64_t> read_ns{0}, decode_ns{0}, transform_ns{0};
+};
+
+FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
+    : kind_(std::move(kind)), fields_(std::move(fields)) {
+  if (fields_.empty() || fields_.size() > 16) {
+    throw std::invalid_argument("a source has 1 to 16 fields, not " +
+                                std::to_string(fields_.size()));
+  }
+  std::set<std::string> names;
+  for (const auto& [name, field] : fields_) {
+    if (!names.insert(name).second) {
+      throw std::invalid_argument(detail::field_label(name) + " is named twice");
+    }
+    specs_.push_back(field.spec(name));
+    keys_.push_back(field.key_list());
+  }
+  kind_->want(fields_);
+}
+
+FieldSource::~FieldSource() = default;
+
+size_t FieldSource::size() const { return kind_->size(); }
+std::vector<FieldSpec> FieldSource::fields() const { return specs_; }
+const std::vector<std::string>& FieldSource::classes() const { return kind_->classes(); }
+std::string FieldSource::describe(size_t index) const { return kind_->describe(index); }
+
+void FieldSource::prepare(size_t workers) {
+  while (workers_.size() < workers) {
+    auto w = std::make_unique<Worker>();
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      w->writers.push_back(
+          detail::make_field_writer(fields_[f].first, fields_[f].second, specs_[f]));
+    }
+    workers_.push_back(std::move(w));
+  }
+  kind_->prepare(workers);
+}
+
+void FieldSource::will_write(size_t worker, const size_t* indices, size_t count) {
+  kind_->will_read(worker, indices, count);
+}
+
+const detail::Member& FieldSource::member_of(const detail::SampleMembers& members,
+                                             size_t field) const {
+  for (const std::string& key : keys_[field]) {
+    if (const detail::Member* m = members.find(key)) return *m;
+  }
+  throw std::runtime_error(detail::field_label(fields_[field].first) + ": the sample has no \"" +
+                           detail::printable(fields_[field].second.keys) + "\" member");
+}
+
+void FieldSource::write_fields(Worker& w, const SampleContext& ctx, std::byte* const* rows,
+                               std::optional<size_t> skip) {
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    if (skip && *skip == f) continue;
+    const detail::Member& member = member_of(w.members, f);
+    const auto started = Clock::now();
+    w.writers[f]->write(member, ctx, rows[f]);
+    const detail::FieldWriter::Timing t = w.writers[f]->last_timing();
+    if (t.scale > 0) {
+      w.decode_ns.fetch_add(t.decode_ns, std::memory_order_relaxed);
+      w.transform_ns.fetch_add(t.transform_ns, std::memory_order_relaxed);
+      w.scales[static_cast<size_t>(t.scale)].fetch_add(1, std::memory_order_relaxed);
+    } else {
+      w.decode_ns.fetch_add(static_cast<uint64_t>((Clock::now() - started).count()),
+                            std::memory_order_relaxed);
+    }
+  }
+}
+
+void FieldSource::read_members(Worker& w, const SampleContext& ctx) {
+  std::optional<trace::Range> reading(std::in_place, trace::Name::kRead);  // for a profiler
+  const auto started = Clock::now();
+  kind_->read(ctx, w.members);
+  w.read_ns.fetch_add(static_cast<uint64_t>((Clock::now() - started).count()),
+                      std::memory_order_relaxed);
+}
+
+void FieldSource::write_sample(const SampleContext& ctx, std::byte* const* fields) {
+  Worker& w = *workers_.at(ctx.worker);
+  read_members(w, ctx);
+  write_fields(w, ctx, fields, std::nullopt);
+}
+
+std::optional<SampleSource::EncodedImageField> FieldSource::encoded_image_field() const {
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    if (fields_[f].second.kind == Field::Kind::kImage) {
+      return EncodedImageField{f, fields_[f].second.transform};
+    }
+  }
+  return std::nullopt;
+}
+
+SampleSource::Encoded FieldSource::read_encoded(const SampleContext& ctx,
+                                                std::vector<uint8_t>& buffer,
+                                                std::byte* const* fields) {
+  const std::optional<EncodedImageField> image = encoded_image_field();
+  if (!image) return SampleSource::read_encoded(ctx, buffer, fields);  // throws
+  Worker& w = *workers_.at(ctx.worker);
+  read_members(w, ctx);
+  const detail::Member& member = member_of(w.members, image->field);
+  if (member.encoding != detail::MemberEncoding::kFile) {
+    throw std::runtime_error(detail::field_label(fields_[image->field].first) +
+                             ": its member is not an image file");
+  }
+  // The bytes outlive this worker's next read: the caller holds several at once.
+  buffer.assign(member.data, member.data + member.size);
+  write_fields(w, ctx, fields, image->field);
+  return {buffer.data(), buffer.size()};
+}
+
+std::vector<uint64_t> FieldSource::scale_histogram() const {
+  std::vector<uint64_t> h(9, 0);
+  for (const auto& w : workers_) {
+    for (size_t i = 0; i < 9; ++i) h[i] += w->scales[i].load(std::memory_order_relaxed);
+  }
+  return h;
+}
+
+FieldSource::WorkTime FieldSource::work_time() const {
+  WorkTime t;
+  for (const auto& w : workers_) {
+    t.read_seconds += 1e-9 * static_cast<double>(w->read_ns.load(std::memory_order_relaxed));
+    t.decode_seconds += 1e-9 * static_cast<double>(w->decode_ns.load(std::memory_order_relaxed));
+    t.transform_seconds +=
+        1e-9 * static_cast<double>(w->transform_ns.load(std::memory_order_relaxed));
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// ImageSource: a FieldSource of "image" and "label".
+
+ImageSource::ImageSource(std::unique_ptr<Kind> kind, ImageTransform transform)
+    : FieldSource(std::move(kind), {{"image", Field::image("jpg;jpeg", transform)},
+                                    {"label", Field::integer("cls")}}),
+      transform_(transform) {}
+
+ImageSource::~ImageSource() = default;
+
+const std::vector<ImageItem>& ImageSource::items() const { return kind().items(); }
+
+}  // namespace conveyor

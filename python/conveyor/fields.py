@@ -1,0 +1,269 @@
+"""A sample as named fields: images, captions, JSON, classes, multi-hot targets, stored arrays
+and boxes, from WebDataset shards (``conveyor.tar_shards(..., fields=...)``) or a manifest
+(``conveyor.Manifest``), decoded by the engine's C++ workers straight into the batch.
+
+    shards = conveyor.tar_shards("clip-{000000..000099}.tar", fields={
+        "image": conveyor.Image("jpg;png;webp", transform=conveyor.RandomResizedCrop(224)),
+        "caption": conveyor.Text("txt"),
+        "meta": conveyor.Json("json"),
+        "label": conveyor.Int("cls"),
+        "soft": conveyor.Array("npy", shape=(1000,), dtype=torch.float16),
+        "boxes": conveyor.Array("boxes.npy", shape=(-1, 4), dtype=torch.float32)})
+    for batch in conveyor.DataLoader(shards, batch_size=256, num_workers=8):
+        batch["image"], batch["caption"], batch["boxes"]
+
+Each field names where it comes from: a shard member's extension (what follows the first dot of
+its file name, in lower case; several separated by ``;``, the first a sample has) or a manifest
+column. A batch is a :class:`FieldBatch`, a dict keyed by field name:
+
+- ``Image``: uint8 [B,3,S,S] (or [B,S,S,3]), on the loader's device;
+- ``Int`` / ``Float``: int64 / float32 [B];
+- ``Array``: [B, *shape] of ``dtype``; with a first dimension of -1 (or no shape: any shape,
+  flattened) a ``torch.nested`` tensor of ``layout=torch.jagged`` on the loader's device;
+  ``multi_hot=True`` makes a list of class indices a multi-hot row of ``shape=(classes,)``;
+- ``Text``: a ``list[str]``; ``Bytes``: a ``list[bytes]``; ``Json``: a ``list`` of parsed values.
+
+Ragged fields (text, bytes, JSON, arrays whose first dimension varies) hold at most ``max_bytes``
+per sample (64 KiB by default): the engine sizes its batch slots from it once. A sample over it,
+a sample without a field's member, an .npy of another dtype or shape (or of dtype object: a
+pickle, never unpickled), text that is not UTF-8 or JSON that is malformed goes through the
+loader's ``on_error``: a SampleError naming the sample (its shard and key, or its manifest line),
+the field and the option, or under ``on_error="skip"`` a counted substitute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import _C
+from .transforms import Transform
+
+__all__ = ["Field", "Image", "Int", "Float", "Array", "Bytes", "Text", "Json", "FieldBatch",
+           "Manifest"]
+
+# The dtypes an Array may have: torch's, by the name the engine reads.
+_DTYPES = {torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16",
+           torch.int32: "int32", torch.int64: "int64", torch.float16: "float16",
+           torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
+
+
+class Field:
+    """What one field of a sample is and where it comes from (see the module's text)."""
+
+    kind: str = ""
+
+    def __init__(self, keys: str) -> None:
+        if not isinstance(keys, str) or not keys.strip(" ;"):
+            raise ValueError(f"conveyor: {type(self).__name__} needs the member's extension or "
+                             f"the manifest's column, as a non-empty str, not {keys!r}")
+        self.keys = keys
+
+    def _cpp(self) -> "_C.Field":
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"conveyor.{type(self).__name__}({self.keys!r})"
+
+
+def _max_bytes(value: Optional[int]) -> int:
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"conveyor: max_bytes must be a positive int, not {value!r}")
+    return value
+
+
+class Image(Field):
+    """An image member (JPEG), decoded and transformed on the workers into uint8 rows."""
+
+    kind = "image"
+
+    def __init__(self, keys: str = "jpg;jpeg", transform: Optional[Transform] = None) -> None:
+        super().__init__(keys)
+        from .datasets import _transform
+        self.transform = _transform(transform)
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.image(self.keys, self.transform._cpp)
+
+    def __repr__(self) -> str:
+        return f"conveyor.Image({self.keys!r}, transform={self.transform!r})"
+
+
+class Int(Field):
+    """An integer: decimal text (WebDataset's cls, index, id) or a JSON integer; int64 [B]."""
+
+    kind = "int"
+
+    def __init__(self, keys: str = "cls") -> None:
+        super().__init__(keys)
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.integer(self.keys)
+
+
+class Float(Field):
+    """A number: decimal text or a JSON number; float32 [B]."""
+
+    kind = "float"
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.floating(self.keys)
+
+
+class Array(Field):
+    """An .npy member (its dtype and shape the declared ones) or a JSON list of numbers (a
+    manifest cell). ``shape`` fixed, or with a first dimension of -1 that varies (boxes:
+    ``shape=(-1, 4)``), or None (any shape, flattened: a jagged 1-d row per sample). With
+    ``multi_hot=True``, ``shape=(classes,)`` and the member lists class indices."""
+
+    kind = "array"
+
+    def __init__(self, keys: str = "npy", shape: Optional[Sequence[int]] = None,
+                 dtype: torch.dtype = torch.float32, *, multi_hot: bool = False,
+                 max_bytes: Optional[int] = None) -> None:
+        super().__init__(keys)
+        if dtype not in _DTYPES:
+            raise ValueError(f"conveyor: Array dtype must be one of "
+                             f"{', '.join(str(d) for d in _DTYPES)}, not {dtype!r}")
+        self.dtype = dtype
+        self.shape = None if shape is None else tuple(int(d) for d in shape)
+        self.multi_hot = bool(multi_hot)
+        self.max_bytes = _max_bytes(max_bytes)
+        if self.multi_hot and (self.shape is None or len(self.shape) != 1):
+            raise ValueError("conveyor: Array(multi_hot=True) needs shape=(classes,)")
+
+    @property
+    def ragged(self) -> bool:
+        return self.shape is None or (len(self.shape) > 0 and self.shape[0] == -1)
+
+    def _cpp(self) -> "_C.Field":
+        shape = [-1] if self.shape is None else list(self.shape)
+        return _C.Field.array(self.keys, _DTYPES[self.dtype], shape, self.multi_hot,
+                              self.max_bytes)
+
+    def __repr__(self) -> str:
+        return (f"conveyor.Array({self.keys!r}, shape={self.shape}, dtype={self.dtype}"
+                + (", multi_hot=True" if self.multi_hot else "") + ")")
+
+
+class Bytes(Field):
+    """A member's bytes as they are: a ``list[bytes]``."""
+
+    kind = "bytes"
+
+    def __init__(self, keys: str, max_bytes: Optional[int] = None) -> None:
+        super().__init__(keys)
+        self.max_bytes = _max_bytes(max_bytes)
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.bytes(self.keys, self.max_bytes)
+
+
+class Text(Bytes):
+    """UTF-8 text (checked): a ``list[str]``. A JSON Lines cell's string is unquoted."""
+
+    kind = "text"
+
+    def __init__(self, keys: str = "txt", max_bytes: Optional[int] = None) -> None:
+        super().__init__(keys, max_bytes)
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.text(self.keys, self.max_bytes)
+
+
+class Json(Bytes):
+    """A JSON value (checked: well formed, nested at most 64 deep): a ``list`` of parsed values."""
+
+    kind = "json"
+
+    def __init__(self, keys: str = "json", max_bytes: Optional[int] = None) -> None:
+        super().__init__(keys, max_bytes)
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.json(self.keys, self.max_bytes)
+
+
+def _cpp_fields(fields: Mapping[str, Field]) -> List[Tuple[str, "_C.Field"]]:
+    """The fields for the engine, in the dict's order; checks names and kinds."""
+    if not isinstance(fields, Mapping) or not fields:
+        raise ValueError("conveyor: fields must be a non-empty dict of name -> conveyor field "
+                         "(conveyor.Image, Text, Json, Int, Float, Array, Bytes)")
+    out = []
+    for name, field in fields.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"conveyor: a field's name must be a non-empty str, not {name!r}")
+        if not isinstance(field, Field):
+            raise ValueError(f"conveyor: field {name!r} must be a conveyor field "
+                             f"(conveyor.Image, Text, Json, Int, Float, Array, Bytes), "
+                             f"not {type(field).__name__}")
+        out.append((name, field._cpp()))
+    return out
+
+
+class FieldBatch(dict):
+    """One batch of a dataset made with ``fields=``: a dict keyed by field name (see the
+    module's text for each kind's type). Attributes: ``indices`` (the dataset index of each row,
+    substitutes under on_error="skip" included), ``epoch``, ``sequence``."""
+
+    indices: List[int]
+    epoch: int
+    sequence: int
+    _fence: Any = None
+    _device_tensors: List[torch.Tensor]
+
+    def record_stream(self, stream: "torch.cuda.Stream") -> None:
+        """As :meth:`conveyor.Batch.record_stream`: ``stream`` waits for the batch's copy and the
+        caching allocator keeps its device tensors until the work queued there is done."""
+        if self._fence is not None:
+            self._fence.use_on(stream, self._device_tensors)
+
+    def __repr__(self) -> str:
+        def describe(v):
+            if isinstance(v, torch.Tensor):
+                if v.is_nested:
+                    return f"nested {v.dtype} {v.device}"
+                return f"{tuple(v.shape)} {v.dtype} {v.device}"
+            return f"list[{len(v)}]"
+        inner = ", ".join(f"{k}={describe(v)}" for k, v in self.items())
+        return f"conveyor.FieldBatch(epoch={self.epoch}, sequence={self.sequence}, {inner})"
+
+
+def _rows(values: torch.Tensor, offsets: torch.Tensor) -> List[bytes]:
+    data = values.cpu().numpy().tobytes()
+    o = offsets.cpu().tolist()
+    return [data[o[i]:o[i + 1]] for i in range(len(o) - 1)]
+
+
+def make_field_batch(kinds: Mapping[str, Field], raw) -> FieldBatch:
+    """A FieldBatch from the engine's (tensors, offsets, names, indices, epoch, sequence, fence)."""
+    tensors, offsets, names, indices, epoch, sequence, fence = raw
+    batch = FieldBatch()
+    device_tensors = []
+    for tensor, offset, name in zip(tensors, offsets, names):
+        field = kinds[name]
+        if isinstance(field, (Text, Json, Bytes)):
+            rows = _rows(tensor, offset)
+            if isinstance(field, Json):
+                batch[name] = [json.loads(r) for r in rows]
+            elif isinstance(field, Text):
+                batch[name] = [r.decode("utf-8") for r in rows]
+            else:
+                batch[name] = rows
+            continue
+        device_tensors.append(tensor)
+        if offset is not None:
+            device_tensors.append(offset)
+            batch[name] = torch.nested.nested_tensor_from_jagged(tensor, offset)
+        else:
+            batch[name] = tensor
+    batch.indices = indices
+    batch.epoch = epoch
+    batch.sequence = sequence
+    batch._fence = fence
+    batch._device_tensors = device_tensors
+    return batch
