@@ -15,6 +15,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -407,9 +408,9 @@ TEST(JsonValue, ReadsStringsIntegersNumbersAndLists) {
 
 // --- Manifests
 
-std::string manifest_error(const std::string& text, ManifestTable::Format format) {
+std::string manifest_error(std::string text, ManifestTable::Format format) {
   try {
-    read_manifest(text, format, "m.csv");
+    read_manifest(std::move(text), format, "m.csv");
   } catch (const std::runtime_error& e) {
     return e.what();
   }

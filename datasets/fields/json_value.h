@@ -2,8 +2,8 @@
 // shard's .json member), checked and read without trusting it: every value is checked against
 // RFC 8259's grammar (strings valid UTF-8, surrogate escapes paired), arrays and objects are
 // refused as they open once they nest deeper than the caller's bound, so no input can make the
-// reader recurse or allocate without bound, and the readers below allocate nothing but their
-// outputs (within the bound each states).
+// reader recurse or allocate without bound, and the readers below allocate nothing on a
+// well-formed value but their outputs (within the bound each states).
 //
 // Text is "one JSON value": optional whitespace (space, tab, CR, LF), the value, optional
 // whitespace, nothing else. A UTF-8 byte order mark is not whitespace (the manifest reader drops
