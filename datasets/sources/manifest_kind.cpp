@@ -12,8 +12,8 @@
 
 #include "conveyor/fields.h"
 #include "conveyor/internal/printable.h"
-#include "fields/json_value.h"
 #include "fields/field_writer.h"
+#include "fields/json_value.h"
 #include "fields/manifest_table.h"
 #include "sources/sample_kind.h"
 

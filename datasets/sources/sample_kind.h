@@ -53,6 +53,7 @@ struct Member {
 // One sample's members, as read() gives them; reused by each worker (no allocation once warm).
 struct SampleMembers {
   std::vector<uint8_t> buffer;  // bytes that members may view
+  std::string names;            // names that members may view (a stream's, copied)
   std::vector<Member> members;  // cleared and refilled by each read
   // The member named `name`, or null.
   const Member* find(std::string_view name) const {

@@ -25,36 +25,81 @@ namespace {
 
 using Where = ShardLocation::Kind;
 
-// Where one sample's .jpg member lies.
-struct Member {
-  uint32_t shard = 0;  // into ShardKind's files
+// Where one member of a sample lies in its shard.
+struct MemberRange {
+  uint32_t name = 0;  // into ShardKind's names
   uint64_t offset = 0;
   uint64_t size = 0;
 };
 
-// Shards read at random: each sample is one ranged read of its member, through the worker's own
+// One sample: its shard, its members (ShardKind's ranges [first, first + count)) and its label.
+struct IndexedEntry {
+  uint32_t shard = 0;  // into ShardKind's files
+  size_t first = 0;
+  uint32_t count = 0;
+  bool has_label = false;
+  int64_t label = 0;
+};
+
+// Shards read at random by their indexes: each sample is one ranged read of the span of the
+// members its fields use (members of a sample lie together in a tar), through the worker's own
 // StorageReader (its HTTP connections and read-ahead). The files are opened once and shared.
+// Under SampleRule::kImages (ImageSource) the members are the image ("jpg", the index's first jpg
+// or jpeg) and the index's label ("cls"); under kMembers those want() names.
 class ShardKind final : public ImageSource::Kind {
  public:
   ShardKind(std::vector<ImageItem> items, std::vector<std::string> classes,
             std::shared_ptr<const Storage> storage, ShardOptions options,
-            std::vector<std::shared_ptr<const StorageFile>> files, std::vector<Member> members,
-            bool remote)
+            std::vector<std::shared_ptr<const StorageFile>> files,
+            std::vector<IndexedEntry> entries, std::vector<MemberRange> ranges,
+            std::vector<std::string> names, detail::SampleRule rule, bool remote)
       : Kind(std::move(items), std::move(classes)),
         storage_(std::move(storage)),
         options_(std::move(options)),
         files_(std::move(files)),
-        members_(std::move(members)),
-        remote_(remote) {}
+        entries_(std::move(entries)),
+        ranges_(std::move(ranges)),
+        names_(std::move(names)),
+        rule_(rule),
+        remote_(remote) {
+    wanted_.assign(names_.size(), rule_ == detail::SampleRule::kImages);
+  }
+
+  void want(const Fields& fields) override {
+    if (rule_ == detail::SampleRule::kImages) return;
+    for (const auto& [name, field] : fields) {
+      for (const std::string& key : field.key_list()) {
+        for (size_t n = 0; n < names_.size(); ++n) {
+          if (names_[n] == key) wanted_[n] = true;
+        }
+      }
+    }
+  }
 
   void prepare(size_t workers) override {
     while (workers_.size() < workers) workers_.push_back({storage_->reader(options_), {}});
   }
 
   void read(const SampleContext& ctx, detail::SampleMembers& out) override {
-    const Member& m = members_.at(ctx.index);
-    read_range(*workers_.at(ctx.worker).reader, *files_[m.shard], m.offset, m.size, out.buffer);
-    detail::image_members(out, out.buffer.data(), out.buffer.size(), items_[ctx.index].label);
+    const IndexedEntry& e = entries_.at(ctx.index);
+    const FileRange span = span_of(e);
+    out.members.clear();
+    if (span.size > 0) {
+      read_range(*workers_.at(ctx.worker).reader, *span.file, span.offset, span.size, out.buffer);
+    }
+    if (rule_ == detail::SampleRule::kImages) {
+      const MemberRange& image = ranges_[e.first];
+      detail::image_members(out, out.buffer.data(), static_cast<size_t>(image.size), e.label);
+      if (!e.has_label) out.members.pop_back();  // the label field names what is missing
+      return;
+    }
+    for (size_t m = e.first; m < e.first + e.count; ++m) {
+      const MemberRange& r = ranges_[m];
+      if (!wanted_[r.name]) continue;
+      out.members.push_back({names_[r.name], detail::MemberEncoding::kFile,
+                             out.buffer.data() + (r.offset - span.offset),
+                             static_cast<size_t>(r.size), 0});
+    }
   }
 
   void will_read(size_t worker, const size_t* indices, size_t count) override {
@@ -62,8 +107,8 @@ class ShardKind final : public ImageSource::Kind {
     Worker& w = workers_.at(worker);
     w.upcoming.clear();
     for (size_t i = 0; i < count; ++i) {
-      const Member& m = members_.at(indices[i]);
-      w.upcoming.push_back({files_[m.shard].get(), m.offset, m.size});
+      const FileRange span = span_of(entries_.at(indices[i]));
+      if (span.size > 0) w.upcoming.push_back(span);
     }
     w.reader->will_read(w.upcoming.data(), w.upcoming.size());
   }
@@ -73,11 +118,30 @@ class ShardKind final : public ImageSource::Kind {
     std::unique_ptr<StorageReader> reader;
     std::vector<FileRange> upcoming;  // will_read's ranges, reused
   };
+
+  // The bytes of `e`'s wanted members, from the first one's start to the last one's end.
+  FileRange span_of(const IndexedEntry& e) const {
+    uint64_t begin = UINT64_MAX;
+    uint64_t end = 0;
+    for (size_t m = e.first; m < e.first + e.count; ++m) {
+      const MemberRange& r = ranges_[m];
+      if (!wanted_[r.name]) continue;
+      begin = std::min(begin, r.offset);
+      end = std::max(end, r.offset + r.size);
+    }
+    if (begin == UINT64_MAX) return {files_[e.shard].get(), 0, 0};
+    return {files_[e.shard].get(), begin, end - begin};
+  }
+
   std::shared_ptr<const Storage> storage_;
   ShardOptions options_;
   std::vector<std::shared_ptr<const StorageFile>> files_;  // per shard
-  std::vector<Member> members_;                            // per sample
-  bool remote_;                                            // some shard is read over HTTP
+  std::vector<IndexedEntry> entries_;                      // per sample
+  std::vector<MemberRange> ranges_;                        // the samples' members
+  std::vector<std::string> names_;                         // member names
+  std::vector<bool> wanted_;                               // per name: some field reads it
+  detail::SampleRule rule_;
+  bool remote_;  // some shard is read over HTTP
   std::vector<Worker> workers_;
 };
 
@@ -144,7 +208,7 @@ Indexes load_indexes(const std::vector<ShardLocation>& shards, const ShardOption
 std::unique_ptr<ImageSource::Kind> streaming_kind(const std::vector<ShardLocation>& shards,
                                                   const ShardOptions& options,
                                                   const Storage& storage, StorageReader& reader,
-                                                  Indexes& indexes) {
+                                                  Indexes& indexes, detail::SampleRule rule) {
   std::vector<detail::StreamShard> stream_shards;
   std::vector<size_t> counts;
   bool counts_known = true;
@@ -153,7 +217,7 @@ std::unique_ptr<ImageSource::Kind> streaming_kind(const std::vector<ShardLocatio
     if (indexes.of[i] != nullptr) {
       s.samples = indexes.of[i]->find(detail::file_name_of(shards[i]))->samples.size();
     } else if (shards[i].kind == Where::kLocal) {
-      s.samples = detail::count_tar_samples(storage, reader, shards[i].location);
+      s.samples = detail::count_tar_samples(storage, reader, shards[i].location, rule);
     } else {
       counts_known = false;
     }
@@ -178,7 +242,7 @@ std::unique_ptr<ImageSource::Kind> streaming_kind(const std::vector<ShardLocatio
   }
   if (positions == 0) throw std::runtime_error("tar_shards: the shards hold no samples");
   return detail::stream_kind(
-      std::make_shared<detail::ShardStream>(std::move(stream_shards), options, positions),
+      std::make_shared<detail::ShardStream>(std::move(stream_shards), options, positions, rule),
       std::move(indexes.classes));
 }
 
@@ -211,18 +275,28 @@ void check_range_support(const Storage& storage, const ShardOptions& options,
 std::unique_ptr<ImageSource::Kind> random_access_kind(const std::vector<ShardLocation>& shards,
                                                       const ShardOptions& options,
                                                       std::shared_ptr<const Storage> storage,
-                                                      Indexes& indexes) {
+                                                      Indexes& indexes, detail::SampleRule rule) {
   std::vector<std::shared_ptr<const StorageFile>> files;
-  std::vector<Member> members;
+  std::vector<IndexedEntry> entries;
+  std::vector<MemberRange> ranges;
+  std::vector<std::string> names;
+  std::map<std::string, uint32_t, std::less<>> name_ids;
+  const auto name_id = [&](const std::string& name) {
+    const auto [it, added] = name_ids.emplace(name, static_cast<uint32_t>(names.size()));
+    if (added) names.push_back(name);
+    return it->second;
+  };
   std::vector<ImageItem> items;
   bool remote = false;
   if (shards.size() >= std::numeric_limits<uint32_t>::max()) {
     throw std::invalid_argument("tar_shards: too many shards");
   }
+  const bool images = rule == detail::SampleRule::kImages;
   for (size_t i = 0; i < shards.size(); ++i) {
     const ShardLocation& shard = shards[i];
     const std::string& where = shard.location;
-    const detail::IndexedShard& indexed = *indexes.of[i]->find(detail::file_name_of(shard));
+    const detail::ShardIndex& index = *indexes.of[i];
+    const detail::IndexedShard& indexed = *index.find(detail::file_name_of(shard));
     std::shared_ptr<const StorageFile> file;
     try {
       file = storage->open_file(shard);
@@ -240,25 +314,48 @@ std::unique_ptr<ImageSource::Kind> random_access_kind(const std::vector<ShardLoc
     remote = remote || shard.kind == Where::kHttp;
     for (const detail::IndexedSample& s : indexed.samples) {
       const std::string key = detail::printable(s.key);
-      if (s.size > kMaxImageBytes) {
-        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
-                                 ".jpg is " + std::to_string(s.size) +
-                                 " bytes, more than any JPEG this loader reads");
+      IndexedEntry e;
+      e.shard = static_cast<uint32_t>(i);
+      e.first = ranges.size();
+      e.has_label = s.has_label;
+      e.label = s.label;
+      if (images) {
+        // A key without an image is not an image source's sample (as when streamed).
+        const auto members = indexed.members_of(s);
+        if (std::none_of(members.begin(), members.end(), [&](const detail::IndexedMember& m) {
+              return detail::is_image_extension(index.member_names[m.name]);
+            })) {
+          continue;
+        }
+        if (s.size > kMaxImageBytes) {
+          throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
+                                   ".jpg is " + std::to_string(s.size) +
+                                   " bytes, more than any JPEG this loader reads");
+        }
+        if (s.size == 0 || s.offset > indexed.bytes || s.size > indexed.bytes - s.offset) {
+          throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
+                                   ".jpg lies outside shard " + where);
+        }
+        ranges.push_back({name_id("jpg"), s.offset, s.size});
+        e.count = 1;
+        items.push_back({where + " (member " + key + ".jpg)", s.label});
+      } else {
+        // parse_index checked each member: within the shard's bytes, under the bounds.
+        for (const detail::IndexedMember& m : indexed.members_of(s)) {
+          ranges.push_back({name_id(index.member_names[m.name]), m.offset, m.size});
+          ++e.count;
+        }
+        items.push_back({where + " (sample " + key + ")", s.label});
       }
-      if (s.size == 0 || s.offset > indexed.bytes || s.size > indexed.bytes - s.offset) {
-        throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
-                                 ".jpg lies outside shard " + where);
-      }
-      members.push_back({static_cast<uint32_t>(i), s.offset, s.size});
-      items.push_back({where + " (member " + key + ".jpg)", s.label});
+      entries.push_back(e);
     }
     files.push_back(std::move(file));
   }
   if (items.empty()) throw std::runtime_error("tar_shards: the shards hold no samples");
   check_range_support(*storage, options, files, shards);
-  return std::make_unique<ShardKind>(std::move(items), std::move(indexes.classes),
-                                     std::move(storage), options, std::move(files),
-                                     std::move(members), remote);
+  return std::make_unique<ShardKind>(
+      std::move(items), std::move(indexes.classes), std::move(storage), options, std::move(files),
+      std::move(entries), std::move(ranges), std::move(names), rule, remote);
 }
 
 }  // namespace
@@ -279,7 +376,8 @@ namespace {
 
 // The kind of `locations`: streamed, or read at random by their indexes (see tar_shards).
 std::unique_ptr<FieldSource::Kind> shard_kind(const std::vector<ShardLocation>& locations,
-                                              const ShardOptions& options) {
+                                              const ShardOptions& options,
+                                              detail::SampleRule rule) {
   if (options.retries < 0) throw std::invalid_argument("tar_shards: retries must be >= 0");
   if (options.world_size == 0 || options.rank >= options.world_size) {
     throw std::invalid_argument("tar_shards: rank " + std::to_string(options.rank) +
@@ -296,8 +394,8 @@ std::unique_ptr<FieldSource::Kind> shard_kind(const std::vector<ShardLocation>& 
   const bool streaming =
       options.streaming || pipes ||
       std::find(indexes.of.begin(), indexes.of.end(), nullptr) != indexes.of.end();
-  return streaming ? streaming_kind(locations, options, *storage, *reader, indexes)
-                   : random_access_kind(locations, options, storage, indexes);
+  return streaming ? streaming_kind(locations, options, *storage, *reader, indexes, rule)
+                   : random_access_kind(locations, options, storage, indexes, rule);
 }
 
 }  // namespace
@@ -305,7 +403,8 @@ std::unique_ptr<FieldSource::Kind> shard_kind(const std::vector<ShardLocation>& 
 std::unique_ptr<ImageSource> ImageSource::tar_shards(const std::vector<ShardLocation>& locations,
                                                      ImageTransform transform,
                                                      const ShardOptions& options) {
-  return std::unique_ptr<ImageSource>(new ImageSource(shard_kind(locations, options), transform));
+  return std::unique_ptr<ImageSource>(
+      new ImageSource(shard_kind(locations, options, detail::SampleRule::kImages), transform));
 }
 
 std::unique_ptr<FieldSource> FieldSource::tar_shards(const std::vector<std::string>& patterns,
@@ -315,8 +414,8 @@ std::unique_ptr<FieldSource> FieldSource::tar_shards(const std::vector<std::stri
 
 std::unique_ptr<FieldSource> FieldSource::tar_shards(const std::vector<ShardLocation>& locations,
                                                      Fields fields, const ShardOptions& options) {
-  return std::unique_ptr<FieldSource>(
-      new FieldSource(shard_kind(locations, options), std::move(fields)));
+  return std::unique_ptr<FieldSource>(new FieldSource(
+      shard_kind(locations, options, detail::SampleRule::kMembers), std::move(fields)));
 }
 
 }  // namespace conveyor

@@ -56,13 +56,15 @@ size_t ShardStream::equal_positions(std::vector<size_t> counts, size_t world_siz
   return total;
 }
 
-ShardStream::ShardStream(std::vector<StreamShard> shards, ShardOptions options, size_t positions)
+ShardStream::ShardStream(std::vector<StreamShard> shards, ShardOptions options, size_t positions,
+                         SampleRule rule)
     : shards_(std::move(shards)),
       options_(std::move(options)),
       storage_(options_.storage ? options_.storage : system_storage()),
       positions_(positions),
       lookahead_(std::max<size_t>(1, options_.stream_lookahead)),
-      behind_(std::max<size_t>(1, options_.stream_window)) {}
+      behind_(std::max<size_t>(1, options_.stream_window)),
+      rule_(rule) {}
 
 ShardStream::~ShardStream() {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -98,7 +100,7 @@ void ShardStream::restart(std::unique_lock<std::mutex>& lock, Key key) {
   restarting_ = true;
   stop_reader(lock);
   for (auto& [position, entry] : window_) {
-    if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(entry.bytes));
+    if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(bytes_of(entry)));
   }
   window_.clear();
   emitted_ = 0;
@@ -114,8 +116,26 @@ void ShardStream::restart(std::unique_lock<std::mutex>& lock, Key key) {
   changed_.notify_all();
 }
 
-int64_t ShardStream::fetch(uint64_t seed, uint64_t epoch, size_t position,
-                           std::vector<uint8_t>& out) {
+namespace {
+
+// Every member of a stream's sample (SampleRule::kMembers), copied into `out`: names and bytes.
+void tar_members(const TarSample& entry, SampleMembers& out) {
+  out.names.clear();
+  for (const TarMember& m : entry.members) out.names += m.extension;
+  out.buffer.assign(entry.data.begin(), entry.data.end());
+  out.members.clear();
+  size_t at = 0;
+  for (const TarMember& m : entry.members) {
+    const std::string_view name(out.names.data() + at, m.extension.size());
+    at += m.extension.size();
+    out.members.push_back({name, MemberEncoding::kFile, out.buffer.data() + m.data_begin,
+                           static_cast<size_t>(m.size), 0});
+  }
+}
+
+}  // namespace
+
+void ShardStream::fetch(uint64_t seed, uint64_t epoch, size_t position, SampleMembers& out) {
   std::unique_lock<std::mutex> lock(mutex_);
   const Key key{seed, epoch};
   while (restarting_) changed_.wait(lock);
@@ -167,11 +187,15 @@ int64_t ShardStream::fetch(uint64_t seed, uint64_t epoch, size_t position,
   }
   const Entry& entry = it->second;
   if (!entry.error.empty()) throw std::runtime_error(entry.name + ": " + entry.error);
+  if (rule_ == SampleRule::kMembers) {
+    tar_members(entry, out);
+    return;
+  }
   if (!entry.has_label) {
     throw std::runtime_error(entry.name + ": no .cls member beside it (the label)");
   }
-  out.assign(entry.bytes.begin(), entry.bytes.end());
-  return entry.label;
+  out.buffer.assign(entry.bytes.begin(), entry.bytes.end());
+  image_members(out, out.buffer.data(), out.buffer.size(), entry.label);
 }
 
 std::string ShardStream::describe(size_t position) const {
@@ -190,7 +214,8 @@ bool ShardStream::emit(uint64_t generation, Entry&& entry) {
   if (stopping_ || generation_ != generation || emitted_ >= positions_) return false;
   window_.emplace(emitted_++, std::move(entry));
   while (!window_.empty() && window_.begin()->first + behind_ < highest_) {
-    if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(window_.begin()->second.bytes));
+    if (spare_.size() < kSpareBuffers)
+      spare_.push_back(std::move(bytes_of(window_.begin()->second)));
     floor_ = window_.begin()->first + 1;
     window_.erase(window_.begin());
   }
@@ -251,13 +276,13 @@ void ShardStream::run(uint64_t generation, Key key, const StreamCancel* cancel) 
       if (stop) break;
       ++shards_read;
       try {
-        TarSampleReader samples(shards_[shard].where, *reader, options_, *cancel);
+        TarSampleReader samples(shards_[shard].where, *reader, options_, *cancel, rule_);
         while (!stop) {
           Entry entry;
           {
             std::lock_guard<std::mutex> lock(mutex_);
             if (!spare_.empty()) {
-              entry.bytes = std::move(spare_.back());
+              bytes_of(entry) = std::move(spare_.back());
               spare_.pop_back();
             }
           }
@@ -299,8 +324,7 @@ class StreamKind final : public ImageSource::Kind {
   // A new loader reads its epochs from their beginning.
   void prepare(size_t) override { stream_->reset(); }
   void read(const SampleContext& ctx, detail::SampleMembers& out) override {
-    const int64_t label = stream_->fetch(ctx.seed, ctx.epoch, ctx.index, out.buffer);
-    detail::image_members(out, out.buffer.data(), out.buffer.size(), label);
+    stream_->fetch(ctx.seed, ctx.epoch, ctx.index, out);
   }
   std::string describe(size_t index) const override { return stream_->describe(index); }
 

@@ -55,7 +55,10 @@ struct StreamShard {
 class ShardStream {
  public:
   // Reads `shards` through options.storage (system_storage() when null).
-  ShardStream(std::vector<StreamShard> shards, ShardOptions options, size_t positions);
+  // `rule`: what a sample is (tar_reader.h): kImages for ImageSource (the image and its label),
+  // kMembers for a FieldSource (every member of any key).
+  ShardStream(std::vector<StreamShard> shards, ShardOptions options, size_t positions,
+              SampleRule rule);
   ~ShardStream();
   ShardStream(const ShardStream&) = delete;
   ShardStream& operator=(const ShardStream&) = delete;
@@ -65,13 +68,15 @@ class ShardStream {
   // Forgets the stream in progress: the next fetch starts its epoch from the beginning.
   void reset();
 
-  // Copies position `position` of the (seed, epoch) stream into `out` and returns its label,
+  // Copies position `position` of the (seed, epoch) stream into `out`,
   // waiting for the reader as long as it takes (its reads have deadlines, so it always ends).
   // Starts that stream if another runs (a new epoch). Throws std::runtime_error naming the
   // shard and member for a sample without a label or a failed position (TarSample::error: a
   // damaged header, a refused member, a label that is not one), naming the shards' read errors when
   // the stream ended before `position`, or when `position` was already dropped (read out of order).
-  int64_t fetch(uint64_t seed, uint64_t epoch, size_t position, std::vector<uint8_t>& out);
+  // Under kImages `out` holds the image ("jpg") and the label ("cls"); under kMembers every member
+  // of the sample.
+  void fetch(uint64_t seed, uint64_t epoch, size_t position, SampleMembers& out);
 
   // "SHARD (member KEY.jpg)" while the position is held, else "stream position N".
   std::string describe(size_t position) const;
@@ -119,6 +124,11 @@ class ShardStream {
   bool ended_ = false;              // the reader emitted all it will
   std::string errors_;              // the failed shards of this stream, for the ended-early message
   std::vector<std::vector<uint8_t>> spare_;  // byte buffers of dropped positions, reused
+  SampleRule rule_;
+  // The buffer of `entry` that holds its bytes under rule_ (what spare_ recycles).
+  std::vector<uint8_t>& bytes_of(Entry& entry) const {
+    return rule_ == SampleRule::kImages ? entry.bytes : entry.data;
+  }
 };
 
 // The stream kind of ImageSource: sample i is position i of the (seed, epoch) stream.
