@@ -74,7 +74,10 @@ class ShardMembers : public ::testing::Test {
       shard.back().members.emplace_back(f[2], from_hex(f[3]));
     }
   }
-  static void TearDownTestSuite() { dir_.reset(); }
+  static void TearDownTestSuite() {
+    dir_.reset();
+    expected_.clear();
+  }
   void SetUp() override {
     ASSERT_EQ(written_.status, 0) << "webdataset_members_write.py failed (scripts/setup installs "
                                      "webdataset in the venv): "
