@@ -9,7 +9,8 @@ without dots (webdataset splits a name at its first dot), each sample's members 
 KEY.cls, adjacent, keys in increasing order and unique across shards. Then that each .cls holds
 the sample's label as decimal text, that the index lists the samples in the same order, with the
 .jpg member's data offset and size (a ranged read of the raw file at that offset returns the
-member's bytes, a JPEG), and the shard's size and sample count. Exit 0 and a line 'ok: ...', or
+member's bytes, a JPEG), its "members" (version 2) the same two members with their data offsets and
+sizes, and the shard's size and sample count. Exit 0 and a line 'ok: ...', or
 exit 1 naming the shard and member.
 """
 import json
@@ -30,8 +31,8 @@ def main():
     index_path = sys.argv[1]
     with open(index_path, encoding="utf-8") as f:
         index = json.load(f)
-    if index.get("format") != "conveyor-wds-index" or index.get("version") != 1:
-        fail(f"{index_path}: not a conveyor-wds-index version 1")
+    if index.get("format") != "conveyor-wds-index" or index.get("version") != 2:
+        fail(f"{index_path}: not a conveyor-wds-index version 2")
     folder = os.path.dirname(index_path)
     samples = index["samples"]
     position = 0  # next entry of index["samples"]
@@ -74,6 +75,9 @@ def main():
                 if entry["offset"] != jpg.offset_data or entry["size"] != jpg.size:
                     fail(f"{path}: {jpg.name}: index offset/size {entry['offset']}/"
                          f"{entry['size']}, tarfile {jpg.offset_data}/{jpg.size}")
+                listed = [["jpg", jpg.offset_data, jpg.size], ["cls", cls.offset_data, cls.size]]
+                if entry["members"] != listed:
+                    fail(f"{path}: {jpg.name}: index members {entry['members']}, tarfile {listed}")
                 raw.seek(entry["offset"])
                 if raw.read(entry["size"]) != data or data[:2] != b"\xff\xd8":
                     fail(f"{path}: {jpg.name}: the ranged read is not the member's JPEG bytes")

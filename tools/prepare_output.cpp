@@ -73,8 +73,16 @@ ShardWriter::~ShardWriter() = default;
 
 void ShardWriter::add(const std::string& key, const std::vector<uint8_t>& jpeg, int64_t label) {
   const std::string cls = std::to_string(label);
-  const uint64_t entry =
-      detail::TarWriter::member_bytes(jpeg.size()) + detail::TarWriter::member_bytes(cls.size());
+  add(key,
+      {{"jpg", jpeg.data(), jpeg.size()},
+       {"cls", reinterpret_cast<const uint8_t*>(cls.data()), cls.size()}},
+      label, true);
+}
+
+void ShardWriter::add(const std::string& key, const std::vector<Member>& members, int64_t label,
+                      bool has_label) {
+  uint64_t entry = 0;
+  for (const Member& m : members) entry += detail::TarWriter::member_bytes(m.size);
   if (tar_ && !index_.shards.back().samples.empty() &&
       tar_->written() + entry + detail::TarWriter::kEndBytes > shard_size_) {
     close_shard();
@@ -85,12 +93,21 @@ void ShardWriter::add(const std::string& key, const std::vector<uint8_t>& jpeg, 
     file_ = std::make_unique<AtomicFile>(dst_ + suffix);
     tar_ = std::make_unique<detail::TarWriter>(
         [file = file_.get()](const void* data, size_t size) { file->write(data, size); });
-    index_.shards.push_back({fs::path(dst_ + suffix).filename().string(), 0, {}});
+    index_.shards.push_back({fs::path(dst_ + suffix).filename().string(), 0, {}, {}});
   }
-  detail::check_path_segment(key + ".jpg", "--format wds: sample key");  // a member name
-  const uint64_t offset = tar_->add(key + ".jpg", jpeg.data(), jpeg.size());
-  tar_->add(key + ".cls", cls.data(), cls.size());
-  index_.shards.back().samples.push_back({key, offset, jpeg.size(), label});
+  for (const Member& m : members) {  // member names: each a path segment, before any is written
+    detail::check_path_segment(key + "." + std::string(m.extension), "--format wds: sample key");
+  }
+  indexed_.clear();
+  for (const Member& m : members) {
+    const uint64_t offset = tar_->add(key + "." + std::string(m.extension), m.data, m.size);
+    indexed_.push_back({index_.name_member(m.extension), offset, m.size});
+  }
+  detail::IndexedSample sample;
+  sample.key = key;
+  sample.label = has_label ? label : 0;
+  sample.has_label = has_label;
+  index_.add_sample(index_.shards.back(), std::move(sample), indexed_);
 }
 
 void ShardWriter::close_shard() {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "conveyor/datasets.h"
@@ -51,6 +52,16 @@ class ShardWriter {
   // Adds sample KEY: members KEY.jpg (the bytes) and KEY.cls (the label as decimal text). KEY.jpg
   // must be one path segment (detail::check_path_segment): a reader may extract it.
   void add(const std::string& key, const std::vector<uint8_t>& jpeg, int64_t label);
+  // One member of a sample: KEY.EXTENSION holding data[0, size).
+  struct Member {
+    std::string_view extension;
+    const uint8_t* data = nullptr;
+    size_t size = 0;
+  };
+  // Adds sample KEY with `members`, in their order (extensions distinct, as the reader gives
+  // them); the index gives `label` where has_label. Each member name must be one path segment.
+  void add(const std::string& key, const std::vector<Member>& members, int64_t label,
+           bool has_label);
   // Closes the last shard and writes the index. Returns the shards' total bytes.
   uint64_t finish();
   size_t shards() const { return index_.shards.size(); }
@@ -65,6 +76,7 @@ class ShardWriter {
   std::unique_ptr<AtomicFile> file_;  // the shard being written
   std::unique_ptr<detail::TarWriter> tar_;
   uint64_t bytes_ = 0;
+  std::vector<detail::IndexedMember> indexed_;  // scratch: the members of the sample being added
 };
 
 // --format folder: DST/<class>/KEY.jpg. Without class names (shards without an index) a label's

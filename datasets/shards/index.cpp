@@ -1,6 +1,8 @@
 // The shard index (index.h), read and written through nlohmann/json.
 #include "shards/index.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -19,7 +21,7 @@ namespace {
 using Json = nlohmann::ordered_json;  // keys written in the order the format shows
 
 constexpr const char* kFormat = "conveyor-wds-index";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // written; 1 and 2 are read
 
 [[noreturn]] void fail(const std::string& where, const std::string& what) {
   throw std::runtime_error("tar_shards: index " + where + ": " + what);
@@ -68,6 +70,35 @@ const IndexedShard* ShardIndex::find(const std::string& file) const {
   return it == by_file.end() ? nullptr : &shards[it->second];
 }
 
+uint32_t ShardIndex::member_id(std::string_view name) const {
+  const auto it = member_ids.find(name);
+  return it == member_ids.end() ? kNoMember : it->second;
+}
+
+uint32_t ShardIndex::name_member(std::string_view name) {
+  const auto [it, added] =
+      member_ids.emplace(std::string(name), static_cast<uint32_t>(member_names.size()));
+  if (added) member_names.emplace_back(name);
+  return it->second;
+}
+
+void ShardIndex::add_sample(IndexedShard& shard, IndexedSample sample,
+                            std::span<const IndexedMember> members) {
+  sample.members_begin = shard.members.size();
+  sample.members_count = static_cast<uint32_t>(members.size());
+  sample.offset = 0;
+  sample.size = 0;
+  for (const IndexedMember& m : members) {
+    if (is_image_extension(member_names.at(m.name))) {
+      sample.offset = m.offset;
+      sample.size = m.size;
+      break;
+    }
+  }
+  shard.members.insert(shard.members.end(), members.begin(), members.end());
+  shard.samples.push_back(std::move(sample));
+}
+
 namespace {
 
 // Reads the index's text through nlohmann's parser with a callback that bounds the nesting depth
@@ -91,13 +122,18 @@ class IndexParser {
     }
   }
 
-  // The samples taken out, in the text's order, each with its shard's name.
+  // The samples taken out, in the text's order, each with its shard's name. Their members are
+  // in `members` (members_begin counts from there), named by ids into `member_names`; which
+  // fields each gave is kept until the version is known (it may come after "samples").
   struct Sample {
     size_t shard = 0;  // into shard_names
     IndexedSample sample;
+    bool has_members = false, has_offset = false, has_size = false;
   };
   std::vector<Sample> samples;
   std::vector<std::string> shard_names;  // the "shard" of the samples, each once
+  std::vector<IndexedMember> members;
+  ShardIndex* names = nullptr;  // where member names get their ids
 
  private:
   // Depths as nlohmann counts them: the root is 0, the "samples" array 1, a sample object 2.
@@ -130,14 +166,82 @@ class IndexParser {
 
   void take_sample(const Json& s) {
     const std::string shard = string_of(s, "shard", where_, "a sample");
-    IndexedSample sample;
+    Sample taken;
+    IndexedSample& sample = taken.sample;
     sample.key = string_of(s, "key", where_, "a sample");
-    sample.offset = static_cast<uint64_t>(integer_of(s, "offset", where_, "a sample"));
-    sample.size = static_cast<uint64_t>(integer_of(s, "size", where_, "a sample"));
-    sample.label = integer_of(s, "label", where_, "a sample", true);
+    if (s.contains("offset")) {
+      taken.has_offset = true;
+      sample.offset = static_cast<uint64_t>(integer_of(s, "offset", where_, "a sample"));
+    }
+    if (s.contains("size")) {
+      taken.has_size = true;
+      sample.size = static_cast<uint64_t>(integer_of(s, "size", where_, "a sample"));
+    }
+    sample.has_label = s.contains("label");
+    if (sample.has_label) sample.label = integer_of(s, "label", where_, "a sample", true);
+    if (s.contains("members")) {
+      taken.has_members = true;
+      take_members(s["members"], sample);
+    }
     const auto [it, added] = shard_ids_.emplace(shard, shard_names.size());
     if (added) shard_names.push_back(shard);
-    samples.push_back({it->second, std::move(sample)});
+    taken.shard = it->second;
+    samples.push_back(std::move(taken));
+  }
+
+  // A sample's "members": [[NAME, OFFSET, SIZE], ...], checked against the bounds of index.h
+  // (all but the shard's bytes, which parse_index checks once the shards are read).
+  void take_members(const Json& list, IndexedSample& sample) {
+    const std::string context = "sample " + printable(sample.key) + "'s";
+    if (!list.is_array()) fail(where_, context + " \"members\" is not an array");
+    if (list.size() > kMaxSampleMembers) {
+      fail(where_, context + " \"members\" lists " + std::to_string(list.size()) +
+                       " members (at most " + std::to_string(kMaxSampleMembers) + ")");
+    }
+    sample.members_begin = members.size();
+    sample.members_count = static_cast<uint32_t>(list.size());
+    for (const Json& m : list) {
+      if (!m.is_array() || m.size() != 3 || !m[0].is_string()) {
+        fail(where_, context + " member is not [NAME, OFFSET, SIZE]");
+      }
+      const std::string& name = m[0].get_ref<const std::string&>();
+      check_member_name(name, context);
+      const auto number = [&](const Json& v, const char* what) {
+        if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)) {
+          fail(where_, context + " member " + printable(name) + "'s " + what +
+                           " is not an integer in range");
+        }
+        if (v.get<int64_t>() < 0) {
+          fail(where_, context + " member " + printable(name) + "'s " + what + " is negative");
+        }
+        return v.get<uint64_t>();
+      };
+      IndexedMember member{0, number(m[1], "offset"), number(m[2], "size")};
+      if (member.size > kMaxMemberBytes) {
+        fail(where_, context + " member " + printable(name) + " is " + std::to_string(member.size) +
+                         " bytes (at most " + std::to_string(kMaxMemberBytes) + ")");
+      }
+      member.name = names->name_member(name);
+      for (size_t i = sample.members_begin; i < members.size(); ++i) {
+        if (members[i].name == member.name) {
+          fail(where_, context + " member " + printable(name) + " is listed twice");
+        }
+      }
+      members.push_back(member);
+    }
+  }
+
+  // A member name: not empty, at most kMaxMemberPathBytes, no control bytes.
+  void check_member_name(const std::string& name, const std::string& context) const {
+    const bool control = std::any_of(name.begin(), name.end(), [](char c) {
+      const auto b = static_cast<unsigned char>(c);
+      return b < 0x20 || b == 0x7f;
+    });
+    if (name.empty() || name.size() > kMaxMemberPathBytes || control) {
+      fail(where_, context + " member name '" + printable(name) +
+                       "' is not one (empty, control bytes, or over " +
+                       std::to_string(kMaxMemberPathBytes) + " bytes)");
+    }
   }
 
   const std::string& where_;
@@ -150,16 +254,18 @@ class IndexParser {
 }  // namespace
 
 ShardIndex parse_index(const std::string& text, const std::string& where) {
+  ShardIndex index;
   IndexParser parser(where);
+  parser.names = &index;
   Json doc = parser.parse(text);
   if (!doc.is_object()) fail(where, "not a JSON object");
   if (!doc.contains("format") || doc["format"] != kFormat) {
     fail(where, std::string("no \"format\": \"") + kFormat + "\"");
   }
-  if (integer_of(doc, "version", where, "the index", true) != kVersion) {
-    fail(where, "unsupported version (this reader knows " + std::to_string(kVersion) + ")");
+  const int64_t version = integer_of(doc, "version", where, "the index", true);
+  if (version != 1 && version != kVersion) {
+    fail(where, "unsupported version (this reader knows 1 and " + std::to_string(kVersion) + ")");
   }
-  ShardIndex index;
   if (doc.contains("classes")) {
     for (const Json& c : array_of(doc, "classes", where)) {
       if (!c.is_string()) fail(where, "a class name that is not a string");
@@ -187,8 +293,40 @@ ShardIndex parse_index(const std::string& text, const std::string& where) {
     }
     shard_of.push_back(&index.shards[found->second]);
   }
+  const uint32_t v1_image = version == 1 ? index.name_member("jpg") : ShardIndex::kNoMember;
+  std::vector<IndexedMember> members;
   for (IndexParser::Sample& s : parser.samples) {
-    shard_of[s.shard]->samples.push_back(std::move(s.sample));
+    IndexedShard& shard = *shard_of[s.shard];
+    IndexedSample& sample = s.sample;
+    const std::string context = "sample " + printable(sample.key);
+    members.clear();
+    if (version == 1) {  // its one member, the image, and its label
+      for (const char* field : {"offset", "size", "label"}) {
+        const bool given = field[0] == 'o'   ? s.has_offset
+                           : field[0] == 's' ? s.has_size
+                                             : sample.has_label;
+        if (!given) fail(where, std::string("a sample without \"") + field + "\"");
+      }
+      members.push_back({v1_image, sample.offset, sample.size});
+    } else {
+      if (!s.has_members) fail(where, context + " without \"members\" (version 2)");
+      const auto first = parser.members.begin() + static_cast<ptrdiff_t>(sample.members_begin);
+      members.assign(first, first + sample.members_count);
+    }
+    for (const IndexedMember& m : members) {
+      if (m.offset > shard.bytes || m.size > shard.bytes - m.offset) {
+        fail(where, context + "'s member " + printable(index.member_names[m.name]) + " (bytes " +
+                        std::to_string(m.offset) + " + " + std::to_string(m.size) +
+                        ") lies outside shard " + printable(shard.file) + " (" +
+                        std::to_string(shard.bytes) + " bytes)");
+      }
+    }
+    const uint64_t offset = sample.offset, size = sample.size;
+    index.add_sample(shard, std::move(sample), members);
+    const IndexedSample& added = shard.samples.back();
+    if ((s.has_offset && added.offset != offset) || (s.has_size && added.size != size)) {
+      fail(where, context + "'s \"offset\" and \"size\" are not those of its image member");
+    }
   }
   return index;
 }
@@ -200,11 +338,20 @@ std::string write_index(const ShardIndex& index) {
     shards.push_back(
         {{"file", shard.file}, {"bytes", shard.bytes}, {"samples", shard.samples.size()}});
     for (const IndexedSample& s : shard.samples) {
-      samples.push_back({{"shard", shard.file},
-                         {"key", s.key},
-                         {"offset", s.offset},
-                         {"size", s.size},
-                         {"label", s.label}});
+      Json members = Json::array();
+      bool image = false;
+      for (const IndexedMember& m : shard.members_of(s)) {
+        const std::string& name = index.member_names.at(m.name);
+        image = image || is_image_extension(name);
+        members.push_back(Json::array({name, m.offset, m.size}));
+      }
+      Json sample = {{"shard", shard.file}, {"key", s.key}, {"members", std::move(members)}};
+      if (image) {
+        sample["offset"] = s.offset;
+        sample["size"] = s.size;
+      }
+      if (s.has_label) sample["label"] = s.label;
+      samples.push_back(std::move(sample));
     }
   }
   const Json doc = {{"format", kFormat},

@@ -1,16 +1,25 @@
 // datasets/shards/index.h (build-only): the shard index, PREFIX.index.json: the one definition of
 // its format, which ImageSource::tar_shards reads and conveyor-prepare writes (tools/prepare.cpp).
 //
-//   {"format": "conveyor-wds-index", "version": 1, "classes": ["name", ...],
+//   {"format": "conveyor-wds-index", "version": 2, "classes": ["name", ...],
 //    "shards": [{"file": "PREFIX-000000.tar", "bytes": N, "samples": N}, ...],
-//    "samples": [{"shard": "PREFIX-000000.tar", "key": "00000000", "offset": N, "size": N,
-//                 "label": N}, ...]}
+//    "samples": [{"shard": "PREFIX-000000.tar", "key": "00000000",
+//                 "members": [["jpg", OFFSET, SIZE], ["txt", OFFSET, SIZE], ...],
+//                 "offset": N, "size": N, "label": N}, ...]}
 //
-// "offset" and "size" are those of the sample's .jpg member data in its shard; "bytes" is the
-// shard's size when the index was written. The JSON is read and written by nlohmann/json
-// (Debian's nlohmann-json3-dev); keys the reader does not know are skipped, so a later writer may
-// add some. write_index() is a pure function of the index: the same index, the same bytes.
-// Invariant of a parsed index: every sample's shard is listed, and no number is negative.
+// Version 2 (issue 31): "members" lists every member of the sample in tar order, each as its
+// extension (lower case, by the key rule of tar_reader.h), the offset of its data in the shard and
+// its size. "offset" and "size" repeat those of the image member (the first "jpg" or "jpeg"), for
+// readers of version 1; written only for a sample that has one, and when given they must agree
+// with "members". "label" is the decimal .cls beside it, written only when the sample has one.
+// Version 1: no "members"; "offset" and "size" are the .jpg member's, "label" is required; it
+// reads as one member "jpg" and the label. "bytes" is the shard's size when the index was written.
+// The JSON is read and written by nlohmann/json (Debian's nlohmann-json3-dev); keys the reader does
+// not know are skipped, so a later writer may add some. write_index() is a pure function of the
+// index: the same index, the same bytes. Invariant of a parsed index: every sample's shard is
+// listed, no number is negative, every member's data lies within its shard's "bytes" and is at most
+// kMaxMemberBytes, a sample has at most kMaxSampleMembers members, each name once, and names are
+// printable (no control bytes, at most kMaxMemberPathBytes).
 //
 // Limits, for an index from anywhere (a server, a command, a downloaded file), checked before
 // the bytes they bound are read or built: an index is at most kMaxIndexBytes (a local file's
@@ -23,12 +32,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "conveyor/datasets.h"
 #include "conveyor/storage.h"
+#include "shards/tar_reader.h"
 
 namespace conveyor::detail {
 
@@ -37,34 +50,65 @@ constexpr size_t kMaxIndexBytes = size_t{1} << 30;
 // The deepest nesting of arrays and objects in an index (the format's own is 3).
 constexpr size_t kMaxIndexDepth = 64;
 
-struct IndexedSample {
-  std::string key;
+// One member of a sample: its name (an id into ShardIndex::member_names) and its data's place in
+// the shard.
+struct IndexedMember {
+  uint32_t name = 0;
   uint64_t offset = 0;
   uint64_t size = 0;
-  int64_t label = 0;
+};
+
+struct IndexedSample {
+  std::string key;
+  uint64_t offset = 0;  // the image member's data ("jpg" or "jpeg"); 0 and 0 without one
+  uint64_t size = 0;
+  int64_t label = 0;  // the .cls label when has_label, else 0
+  bool has_label = true;
+  // Its members: IndexedShard::members[members_begin, members_begin + members_count).
+  size_t members_begin = 0;
+  uint32_t members_count = 0;
 };
 
 struct IndexedShard {
   std::string file;    // its file name
   uint64_t bytes = 0;  // as written
   std::vector<IndexedSample> samples;
+  std::vector<IndexedMember> members;  // the samples' members, sample after sample
+  // The members of `sample`, one of `samples`.
+  std::span<const IndexedMember> members_of(const IndexedSample& sample) const {
+    return {members.data() + sample.members_begin, sample.members_count};
+  }
 };
 
 struct ShardIndex {
   std::vector<std::string> classes;
   std::vector<IndexedShard> shards;       // in the index's order; samples in their shard's order
   std::map<std::string, size_t> by_file;  // file -> its place in `shards` (parse_index fills it)
+  std::vector<std::string> member_names;  // every member name of the index, once (IndexedMember)
+  std::map<std::string, uint32_t, std::less<>> member_ids;  // name -> its place in member_names
   // The shard named `file`, or null when the index does not list it.
   const IndexedShard* find(const std::string& file) const;
+  // The id of member name `name`, or kNoMember when no sample has such a member.
+  static constexpr uint32_t kNoMember = UINT32_MAX;
+  uint32_t member_id(std::string_view name) const;
+  // The id of `name`, added to member_names if new.
+  uint32_t name_member(std::string_view name);
+  // Adds `sample` to `shard` (one of `shards`) with `members` (ids from name_member), and sets
+  // the sample's offset and size from its image member (the first "jpg" or "jpeg"; 0 and 0
+  // without one): how a writer builds an index (conveyor-prepare). No bound is checked here:
+  // parse_index checks what it reads.
+  void add_sample(IndexedShard& shard, IndexedSample sample,
+                  std::span<const IndexedMember> members);
 };
 
 // Parses the text of an index. Throws std::runtime_error "tar_shards: index WHERE: WHAT" for
-// text that is not JSON, or not an index of version 1 (a missing field, a wrong type, a negative
-// number, samples in a shard it does not list, "samples" given twice), or nested deeper than
+// text that is not JSON, or not an index of version 1 or 2 (a missing field, a wrong type, a
+// negative number, samples in a shard it does not list, "samples" given twice, a member outside its
+// shard or over the bounds above, a name given twice in a sample), or nested deeper than
 // kMaxIndexDepth. Names from the text are in the message through printable().
 ShardIndex parse_index(const std::string& text, const std::string& where);
 
-// The text of `index`: one line of JSON, the keys in the order shown above.
+// The text of `index`: one line of JSON of version 2, the keys in the order shown above.
 std::string write_index(const ShardIndex& index);
 
 // The index at `where` (a path, URL or pipe: command: index_location_for, or the user's

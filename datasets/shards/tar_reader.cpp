@@ -38,24 +38,30 @@ std::string archive_message(archive* a) {
   return text != nullptr ? text : "unknown libarchive error";
 }
 
-// WebDataset's rule: the key is the path up to the first dot of its last component, the
-// extension the rest ("a/b.c.jpg" -> "a/b", "c.jpg"); the extension is compared in lower case.
-void split_member(const std::string& path, std::string& key, std::string& extension) {
-  const size_t slash = path.rfind('/');
-  const size_t dot = path.find('.', slash == std::string::npos ? 0 : slash + 1);
-  if (dot == std::string::npos) {
-    key = path;
-    extension.clear();
-    return;
+constexpr int64_t kMaxLabelBytes = 64;  // a .cls member larger is not a label
+
+// The label in `digits` (a .cls member's text, trailing white space removed in place): decimal
+// text that fits int64. False when it is not.
+bool decimal_label(std::string& digits, int64_t& label) {
+  while (!digits.empty() && std::isspace(static_cast<unsigned char>(digits.back()))) {
+    digits.pop_back();
   }
-  key = path.substr(0, dot);
-  extension = path.substr(dot + 1);
-  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  char* end = nullptr;
+  errno = 0;
+  const long long value = std::strtoll(digits.c_str(), &end, 10);
+  if (digits.empty() || *end != '\0' || errno != 0) return false;
+  label = value;
+  return true;
 }
 
-bool is_image(const std::string& extension) { return extension == "jpg" || extension == "jpeg"; }
-
-constexpr int64_t kMaxLabelBytes = 64;  // a .cls member larger is not a label
+// The bytes a sparse member's shard holds (its expanded size less the holes).
+int64_t stored_bytes(archive_entry* entry) {
+  int64_t stored = 0;
+  la_int64_t offset = 0, length = 0;
+  archive_entry_sparse_reset(entry);
+  while (archive_entry_sparse_next(entry, &offset, &length) == ARCHIVE_OK) stored += length;
+  return stored;
+}
 
 // Why an image member of `entry` is refused before any of its data is read, or empty: a size
 // outside (0, kMaxImageBytes], or holes (a sparse member, counted at its expanded size).
@@ -66,12 +72,36 @@ std::string refused_image(archive_entry* entry) {
            std::to_string(kMaxImageBytes) + ")";
   }
   if (archive_entry_sparse_count(entry) > 0) {
-    int64_t stored = 0;
-    la_int64_t offset = 0, length = 0;
-    archive_entry_sparse_reset(entry);
-    while (archive_entry_sparse_next(entry, &offset, &length) == ARCHIVE_OK) stored += length;
     return "a sparse member of " + std::to_string(size) + " bytes of which the shard holds " +
-           std::to_string(stored) + " (the rest are holes): not a JPEG this loader reads";
+           std::to_string(stored_bytes(entry)) +
+           " (the rest are holes): not a JPEG this loader reads";
+  }
+  return {};
+}
+
+// Why member `path` (its header `entry`) cannot join `sample` under SampleRule::kMembers (the
+// bounds in tar_reader.h), or empty.
+std::string refused_member(archive_entry* entry, const std::string& path, const TarSample& sample) {
+  const std::string member = "member " + printable(path);
+  const int64_t size = archive_entry_size(entry);
+  if (path.size() > kMaxMemberPathBytes) {
+    return "a member path of " + std::to_string(path.size()) + " bytes (at most " +
+           std::to_string(kMaxMemberPathBytes) + ")";
+  }
+  if (sample.members.size() >= kMaxSampleMembers) {
+    return "more than " + std::to_string(kMaxSampleMembers) + " members (at " + member + ")";
+  }
+  if (size < 0 || static_cast<uint64_t>(size) > kMaxMemberBytes) {
+    return member + " is " + std::to_string(size) + " bytes (at most " +
+           std::to_string(kMaxMemberBytes) + ")";
+  }
+  if (archive_entry_sparse_count(entry) > 0) {
+    return member + " is sparse: " + std::to_string(size) + " bytes of which the shard holds " +
+           std::to_string(stored_bytes(entry)) + " (the rest are holes)";
+  }
+  if (static_cast<uint64_t>(size) > kMaxSampleBytes - sample.data.size()) {
+    return "its members come to more than " + std::to_string(kMaxSampleBytes) + " bytes (at " +
+           member + ")";
   }
   return {};
 }
@@ -92,8 +122,26 @@ int next_header(archive* a, archive_entry** entry, int64_t& damaged_at) {
 
 }  // namespace
 
+void split_member(const std::string& path, std::string& key, std::string& extension) {
+  const size_t slash = path.rfind('/');
+  const size_t dot = path.find('.', slash == std::string::npos ? 0 : slash + 1);
+  if (dot == std::string::npos) {
+    key = path;
+    extension.clear();
+    return;
+  }
+  key.assign(path, 0, dot);
+  extension.assign(path, dot + 1);
+  for (char& c : extension) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+}
+
+bool is_image_extension(std::string_view extension) {
+  return extension == "jpg" || extension == "jpeg";
+}
+
 struct TarSampleReader::State {
   std::string name;  // the shard, for messages
+  SampleRule rule = SampleRule::kImages;
   Archive tar;
   std::unique_ptr<ResumingStream> stream;
   std::exception_ptr failure;  // what the stream threw inside libarchive's read
@@ -139,6 +187,9 @@ struct TarSampleReader::State {
     out.bytes.clear();
     out.has_label = false;
     out.label = 0;
+    out.key.clear();
+    out.members.clear();
+    out.data.clear();
     out.name = name + " (damaged tar header at byte " + at + ")";
     out.error =
         "the tar header at byte " + at +
@@ -152,9 +203,12 @@ struct TarSampleReader::State {
   // Reads the current member's data into `out` (exactly `size` bytes).
   void read_member(int64_t size, const std::string& what, std::vector<uint8_t>& out) {
     out.resize(static_cast<size_t>(size));
+    read_into(out.data(), out.size(), what);
+  }
+  void read_into(uint8_t* out, size_t size, const std::string& what) {
     size_t done = 0;
-    while (done < out.size()) {
-      const la_ssize_t n = archive_read_data(tar.get(), out.data() + done, out.size() - done);
+    while (done < size) {
+      const la_ssize_t n = archive_read_data(tar.get(), out + done, size - done);
       if (n < 0) fail(what);
       if (n == 0) {
         throw std::runtime_error(what + ": the member ends after " + std::to_string(done) + " of " +
@@ -166,10 +220,12 @@ struct TarSampleReader::State {
 };
 
 TarSampleReader::TarSampleReader(const ShardLocation& shard, StorageReader& reader,
-                                 const RemoteOptions& options, const StreamCancel& cancel)
+                                 const RemoteOptions& options, const StreamCancel& cancel,
+                                 SampleRule rule)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.name = shard.name();
+  s.rule = rule;
   s.tar = new_tar_reader();
   s.stream =
       std::make_unique<ResumingStream>(s.name, reader.open_stream(shard, cancel), options, cancel);
@@ -195,8 +251,25 @@ bool TarSampleReader::next(TarSample& out) {
   }
   out.has_label = false;
   out.label = 0;
+  const bool all_members = s.rule == SampleRule::kMembers;
+  if (all_members) {
+    out.bytes.clear();
+    out.key.clear();
+    out.members.clear();
+    out.data.clear();
+  }
   bool image = false;
   bool started = false;  // a key is being gathered
+  // A sample was gathered: under kImages a key with an image, under kMembers any key. A failed
+  // one gives no members.
+  const auto gathered = [&] {
+    if (all_members && started && !out.error.empty()) {
+      out.bytes.clear();
+      out.members.clear();
+      out.data.clear();
+    }
+    return all_members ? started : image;
+  };
   archive* a = s.tar.get();
   while (true) {
     if (!s.held) {
@@ -209,18 +282,18 @@ bool TarSampleReader::next(TarSample& out) {
         if (s.damaged_at >= 0) {
           s.after_damage = r;
           s.damage_pending = true;
-          if (image) return true;  // the sample gathered so far; the damage comes next
+          if (gathered()) return true;  // the sample gathered so far; the damage comes next
           out.error.clear();
           return next(out);
         }
       }
       if (r == ARCHIVE_EOF) {
         s.archive_ended = true;
-        if (image) return true;
+        if (gathered()) return true;
         return next(out);
       }
       if (r < ARCHIVE_WARN) {
-        if (!image) s.fail(s.name);
+        if (!gathered()) s.fail(s.name);
         s.header_failure = s.error_of(s.name);  // a shard cut short: what it held comes first
         return true;
       }
@@ -235,18 +308,26 @@ bool TarSampleReader::next(TarSample& out) {
     s.member = path;
     split_member(s.member, s.key, s.extension);
     if (started && s.key != s.sample_key) {
-      if (image) return true;  // the header stays held: it starts the next sample
-      out.has_label = false;   // a key without an image: dropped
+      if (gathered()) return true;  // the header stays held: it starts the next sample
+      out.has_label = false;        // a key without an image: dropped
       out.label = 0;
       out.error.clear();
     }
     if (!started || s.key != s.sample_key) {
       started = true;
       s.sample_key = s.key;
+      if (all_members) {
+        out.key = s.key;
+        out.name = s.name + " (sample " + printable(s.key) + ")";
+      }
     }
     s.held = false;
     const std::string what = s.name + " (member " + printable(s.member) + ")";
-    if (is_image(s.extension) && !image) {
+    if (all_members) {
+      take_member(out, what, image);
+      continue;
+    }
+    if (is_image_extension(s.extension) && !image) {
       out.name = what;
       image = true;
       const std::string refused = refused_image(s.entry);
@@ -270,24 +351,51 @@ bool TarSampleReader::next(TarSample& out) {
       std::vector<uint8_t> text;
       s.read_member(size, what, text);
       std::string digits(text.begin(), text.end());
-      while (!digits.empty() && std::isspace(static_cast<unsigned char>(digits.back()))) {
-        digits.pop_back();
-      }
-      char* end = nullptr;
-      errno = 0;
-      const long long label = std::strtoll(digits.c_str(), &end, 10);
-      if (digits.empty() || *end != '\0' || errno != 0) {
+      if (!decimal_label(digits, out.label)) {
         if (out.error.empty()) {
           out.error = "its label, member " + printable(s.member) + ", is not decimal text: '" +
                       printable(digits) + "'";
         }
         continue;
       }
-      out.label = label;
       out.has_label = true;
     } else if (archive_read_data_skip(a) < ARCHIVE_WARN) {
       s.fail(what);
     }
+  }
+}
+
+void TarSampleReader::take_member(TarSample& out, const std::string& what, bool& image) {
+  State& s = *state_;
+  archive* a = s.tar.get();
+  // After a refusal the key's other members are skipped too (one failed position); so is a
+  // repeated extension (the first wins).
+  if (!out.error.empty() || out.find(s.extension) != nullptr) {
+    if (archive_read_data_skip(a) < ARCHIVE_WARN) s.fail(what);
+    return;
+  }
+  const std::string refused = refused_member(s.entry, s.member, out);
+  if (!refused.empty()) {
+    out.error = refused;
+    if (archive_read_data_skip(a) < ARCHIVE_WARN) s.fail(what);
+    return;
+  }
+  TarMember& m = out.members.emplace_back();
+  m.extension = s.extension;
+  m.shard_offset = static_cast<uint64_t>(archive_filter_bytes(a, 0));  // the header consumed
+  m.size = static_cast<uint64_t>(archive_entry_size(s.entry));
+  m.data_begin = out.data.size();
+  out.data.resize(m.data_begin + m.size);
+  s.read_into(out.data.data() + m.data_begin, m.size, what);
+  const uint8_t* bytes = out.bytes_of(m);
+  if (is_image_extension(m.extension) && !image) {
+    image = true;
+    out.name = what;
+    out.bytes.assign(bytes, bytes + m.size);
+  } else if (m.extension == "cls" && m.size <= kMaxLabelBytes) {
+    std::string digits(bytes, bytes + m.size);
+    out.has_label = decimal_label(digits, out.label);
+    if (!out.has_label) out.label = 0;
   }
 }
 
@@ -326,7 +434,8 @@ struct RandomAccessTar {
 
 }  // namespace
 
-size_t count_tar_samples(const Storage& storage, StorageReader& reader, const std::string& path) {
+size_t count_tar_samples(const Storage& storage, StorageReader& reader, const std::string& path,
+                         SampleRule rule) {
   const auto file = storage.open_file({ShardLocation::Kind::kLocal, path});
   RandomAccessTar source(reader, *file);
   Archive a = new_tar_reader();
@@ -368,7 +477,7 @@ size_t count_tar_samples(const Storage& storage, StorageReader& reader, const st
         last_key = key;
         counted = false;
       }
-      if (is_image(extension) && !counted) {
+      if ((rule == SampleRule::kMembers || is_image_extension(extension)) && !counted) {
         ++samples;
         counted = true;
       }

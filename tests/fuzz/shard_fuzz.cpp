@@ -1,12 +1,15 @@
 // conveyor-shard-fuzz: libFuzzer over what tar_shards parses from disk or a server (issue 13).
 //
 // The first byte of an input, modulo 3, chooses what the rest is:
-//   0: an index (PREFIX.index.json) for a fixed, valid shard of two samples. When
-//      ImageSource::tar_shards accepts it (random-access mode), every sample is written once,
-//      so that the offsets and sizes the index claims are exercised by the reads.
+//   0: an index (PREFIX.index.json, version 1 or 2) for a fixed, valid shard of two samples.
+//      When ImageSource::tar_shards accepts it (random-access mode), every sample is written
+//      once, so that the offsets and sizes the index claims are exercised by the reads; and
+//      detail::parse_index's invariants are checked on what it accepts (every member within its
+//      shard and the bounds, issue 31).
 //   1: a tar shard without an index: the header-counting pass and the streaming reader
 //      (libarchive, the key/extension rule, the .cls labels) run over it, and every position
-//      of the stream is written once.
+//      of the stream is written once; then the reader under the member rule (issue 31) reads
+//      every position, whose members must lie within its bytes and bounds.
 //   2: a command-line argument naming shards: the shard-name parser (split_shard_patterns,
 //      expand_shard_locations, names_tar_shards) and the index-name derivation (file_name_of,
 //      index_location_for), whose result must be a location of the same kind.
@@ -37,7 +40,10 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
+#include "conveyor/storage.h"
+#include "shards/index.h"
 #include "shards/names.h"
+#include "shards/tar_reader.h"
 
 namespace {
 
@@ -93,25 +99,33 @@ std::vector<uint8_t> small_jpeg(int seed) {
 // A valid shard of two samples, and the index conveyor-prepare would write for it.
 struct Fixture {
   std::vector<uint8_t> tar;
-  std::string index;
+  std::string index;     // version 1
+  std::string index_v2;  // version 2: every member
   Fixture() {
-    std::string samples;
+    std::string samples, samples_v2;
     for (int i = 0; i < 2; ++i) {
       const std::string key = "0000000" + std::to_string(i);
       const uint64_t offset = tar.size() + 512;
       const std::vector<uint8_t> jpeg = small_jpeg(i);
       append_tar_member(tar, key + ".jpg", jpeg);
+      const uint64_t cls_offset = tar.size() + 512;
       append_tar_member(tar, key + ".cls", {static_cast<uint8_t>('0' + i)});
       samples += std::string(i ? ",\n" : "") + "{\"shard\": \"f-000000.tar\", \"key\": \"" + key +
                  "\", \"offset\": " + std::to_string(offset) +
                  ", \"size\": " + std::to_string(jpeg.size()) +
                  ", \"label\": " + std::to_string(i) + "}";
+      samples_v2 += std::string(i ? ",\n" : "") + "{\"shard\": \"f-000000.tar\", \"key\": \"" +
+                    key + "\", \"members\": [[\"jpg\", " + std::to_string(offset) + ", " +
+                    std::to_string(jpeg.size()) + "], [\"cls\", " + std::to_string(cls_offset) +
+                    ", 1]], \"label\": " + std::to_string(i) + "}";
     }
     tar.resize(tar.size() + 1024, 0);
-    index =
-        "{\"format\": \"conveyor-wds-index\", \"version\": 1, \"classes\": [\"a\", \"b\"],\n"
-        "\"shards\": [{\"file\": \"f-000000.tar\", \"bytes\": " +
-        std::to_string(tar.size()) + ", \"samples\": 2}],\n\"samples\": [\n" + samples + "\n]}\n";
+    const std::string head =
+        "\"classes\": [\"a\", \"b\"],\n\"shards\": [{\"file\": \"f-000000.tar\", \"bytes\": " +
+        std::to_string(tar.size()) + ", \"samples\": 2}],\n\"samples\": [\n";
+    index = "{\"format\": \"conveyor-wds-index\", \"version\": 1, " + head + samples + "\n]}\n";
+    index_v2 =
+        "{\"format\": \"conveyor-wds-index\", \"version\": 2, " + head + samples_v2 + "\n]}\n";
   }
 };
 
@@ -204,6 +218,58 @@ void parse_names(const std::string& text) {
   }
 }
 
+// Mode 0: what parse_index accepts keeps its invariants (index.h).
+void check_index(const std::string& text) {
+  conveyor::detail::ShardIndex index;
+  try {
+    index = conveyor::detail::parse_index(text, "fuzzed");
+  } catch (const std::exception&) {
+    return;
+  }
+  for (const auto& shard : index.shards) {
+    for (const auto& sample : shard.samples) {
+      check(sample.members_begin <= shard.members.size() &&
+                sample.members_count <= shard.members.size() - sample.members_begin,
+            "a sample's members outside its shard's list", "index");
+      check(sample.members_count <= conveyor::detail::kMaxSampleMembers, "too many members",
+            "index");
+      for (const auto& m : shard.members_of(sample)) {
+        check(m.name < index.member_names.size(), "a member name id out of range", "index");
+        check(m.offset <= shard.bytes && m.size <= shard.bytes - m.offset,
+              "a member outside its shard", "index");
+        check(m.size <= conveyor::detail::kMaxMemberBytes, "a member over the bound", "index");
+      }
+    }
+  }
+}
+
+// Mode 1: the reader under the member rule: each position's members lie within its bytes.
+void read_members(const fs::path& shard) {
+  const std::unique_ptr<conveyor::StorageReader> reader =
+      conveyor::system_storage()->reader(conveyor::RemoteOptions());
+  const conveyor::StreamCancel never;
+  try {
+    conveyor::detail::TarSampleReader samples({conveyor::ShardLocation::Kind::kLocal, shard},
+                                              *reader, conveyor::RemoteOptions(), never,
+                                              conveyor::detail::SampleRule::kMembers);
+    conveyor::detail::TarSample s;
+    for (size_t n = 0; n < 4 * kMaxSamples && samples.next(s); ++n) {
+      check(s.error.empty() || s.members.empty(), "a failed position with members", "tar");
+      check(s.members.size() <= conveyor::detail::kMaxSampleMembers, "too many members", "tar");
+      uint64_t total = 0;
+      for (const auto& m : s.members) {
+        check(m.data_begin == total && m.size <= conveyor::detail::kMaxMemberBytes,
+              "a member outside the sample's bytes", "tar");
+        total += m.size;
+      }
+      check(total == s.data.size(), "members that do not tile the sample's bytes", "tar");
+    }
+    (void)conveyor::detail::count_tar_samples(*conveyor::system_storage(), *reader, shard,
+                                              conveyor::detail::SampleRule::kMembers);
+  } catch (const std::exception&) {
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -232,6 +298,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     write_every_sample(*source);
   } catch (const std::exception&) {
   }
+  if (streamed) {
+    read_members(dir / "f-000000.tar");
+  } else {
+    check_index(std::string(reinterpret_cast<const char*>(data + 1), size - 1));
+  }
   return 0;
 }
 
@@ -244,6 +315,9 @@ extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
       std::vector<uint8_t> index(1, 0);
       index.insert(index.end(), f.index.begin(), f.index.end());
       write(out / "index", index.data(), index.size());
+      std::vector<uint8_t> index_v2(1, 0);
+      index_v2.insert(index_v2.end(), f.index_v2.begin(), f.index_v2.end());
+      write(out / "index-v2", index_v2.data(), index_v2.size());
       std::vector<uint8_t> tar(1, 1);
       tar.insert(tar.end(), f.tar.begin(), f.tar.end());
       write(out / "tar", tar.data(), tar.size());
