@@ -341,7 +341,7 @@ TEST(HostBatches, ABatchViewsItsSlotUntilItsLastTensorIsReleased) {
   r.layout.field_bytes = {4 * sizeof(int64_t)};
   auto shared = std::make_shared<detail::SharedRing>(r);
   std::vector<FieldSpec> fields{{"value", c10::ScalarType::Long, {}}};
-  detail::HostBatches batches(shared, fields, /*pin_memory=*/false);
+  detail::HostBatches batches(shared, fields, /*batch_size=*/4, /*pin_memory=*/false);
   const uint32_t slot = *shared->ring.try_acquire();
   shared->ring.mark_ready(slot);
   auto* values = reinterpret_cast<int64_t*>(shared->ring.field(slot, 0));
@@ -367,7 +367,7 @@ TEST(HostBatches, WhenTheUserHoldsEveryOtherSlotTheBatchIsACopy) {
   r.memory = HostBuffer::Kind::kPageable;
   r.layout.field_bytes = {sizeof(int64_t)};
   auto shared = std::make_shared<detail::SharedRing>(r);
-  detail::HostBatches batches(shared, {{"value", c10::ScalarType::Long, {}}}, false);
+  detail::HostBatches batches(shared, {{"value", c10::ScalarType::Long, {}}}, 1, false);
   std::vector<Batch> held;
   for (int i = 0; i < 3; ++i) {
     const uint32_t slot = *shared->ring.try_acquire();
@@ -393,12 +393,14 @@ TEST(DeviceStager, DeliversInStageOrderFailuresInTheirTurnAndEverySlotComesBack)
       b.sequence = sequence;
       b.indices = {sequence};
       b.names = {"value"};
+      b.fields.resize(1);  // the copy's place
+      b.offsets.resize(1);
       return b;
     };
-    stager.stage(batch_of(0), {at::full({1}, 100, at::kLong)}, {}, nullptr,
+    stager.stage(batch_of(0), {at::full({1}, 100, at::kLong)}, {{0}}, {}, nullptr,
                  [&] { finished.fetch_add(1); });
     stager.stage_failure(std::make_exception_ptr(std::runtime_error("batch 1 failed")));
-    stager.stage(batch_of(2), {at::full({1}, 102, at::kLong)}, {}, nullptr,
+    stager.stage(batch_of(2), {at::full({1}, 102, at::kLong)}, {{0}}, {}, nullptr,
                  [&] { finished.fetch_add(1); });
     EXPECT_TRUE(stager.full());
     detail::DeviceStager::Delivered first = stager.deliver();
@@ -414,7 +416,7 @@ TEST(DeviceStager, DeliversInStageOrderFailuresInTheirTurnAndEverySlotComesBack)
     ASSERT_TRUE(third.batch);
     EXPECT_EQ(third.batch->fields[0].item<int64_t>(), 102);
     EXPECT_TRUE(stager.empty());
-    stager.stage(batch_of(3), {at::full({1}, 103, at::kLong)}, {}, nullptr,
+    stager.stage(batch_of(3), {at::full({1}, 103, at::kLong)}, {{0}}, {}, nullptr,
                  [&] { finished.fetch_add(1); });
     stager.clear();  // a cancelled epoch: the copy still finishes and hands its slot back
   }

@@ -6,6 +6,17 @@
 
 namespace conveyor::detail {
 
+std::vector<at::Tensor> fenced_tensors(const Batch& batch, const c10::Stream& stream) {
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(batch.fields.size() + batch.offsets.size());
+  for (const auto* of : {&batch.fields, &batch.offsets}) {
+    for (const at::Tensor& t : *of) {
+      if (t.defined() && t.device().type() == stream.device_type()) tensors.push_back(t);
+    }
+  }
+  return tensors;
+}
+
 DeviceStager::DeviceStager(std::unique_ptr<CopyEngine> engine, size_t depth)
     : engine_(std::move(engine)), ring_(depth) {
   CONVEYOR_CHECK(engine_ != nullptr && depth >= 1, "a stager has an engine and a depth");
@@ -24,6 +35,7 @@ DeviceStager::Staged& DeviceStager::push_slot() {
 }
 
 void DeviceStager::stage(Batch batch, const std::vector<at::Tensor>& host,
+                         const std::vector<CopyTarget>& targets,
                          const std::vector<DeviceRows>& on_device, CudaEvent* slot_event,
                          std::function<void()> on_finished) noexcept {
   Staged& staged = push_slot();
@@ -31,11 +43,17 @@ void DeviceStager::stage(Batch batch, const std::vector<at::Tensor>& host,
   try {
     DeviceCopy copy = engine_->start(host, on_device, slot_event, std::move(on_finished));
     CONVEYOR_CHECK(copy.fence != nullptr, "a copy engine gives every copy a fence");
-    staged.batch.fields = std::move(copy.tensors);
+    CONVEYOR_CHECK(copy.tensors.size() == targets.size(), "each copied tensor has its place");
+    for (size_t i = 0; i < targets.size(); ++i) {
+      std::vector<at::Tensor>& to = targets[i].offsets ? staged.batch.offsets : staged.batch.fields;
+      CONVEYOR_CHECK(targets[i].field < to.size(), "a copied tensor's place is in its batch");
+      to[targets[i].field] = std::move(copy.tensors[i]);
+    }
     staged.batch.copy_fence = std::move(copy.fence);
   } catch (...) {  // the engine has handed the slot back through on_finished
     staged.failure = std::current_exception();
     staged.batch.fields.clear();
+    staged.batch.offsets.clear();
   }
 }
 
@@ -53,7 +71,8 @@ DeviceStager::Delivered DeviceStager::deliver() {
   } else {
     // The consumer's current stream waits for this batch's own copy (may throw: it stays first).
     const CopyFence& fence = *front.batch.copy_fence;
-    fence.use_on(fence.current_stream(), front.batch.fields);
+    const c10::Stream stream = fence.current_stream();
+    fence.use_on(stream, fenced_tensors(front.batch, stream));
     delivered.batch.emplace(std::move(front.batch));
   }
   front = Staged{};

@@ -13,8 +13,11 @@
 //   * deliver() orders the consumer's current stream after the batch's own copy (its fence)
 //     before the batch leaves: a fence is the batch's, never reused while the batch lives, so a
 //     later copy into the same slot cannot make the consumer wait for the wrong copy.
-//   * The staged batches live in a ring of `depth` entries allocated once: staging and delivering
-//     allocate nothing of their own, so no batch is lost to an allocation failure in here.
+//   * The staged batches live in a ring of `depth` entries allocated once: staging allocates
+//     nothing of its own, and delivering only the list of tensors its fence orders, before the
+//     batch moves, so no batch is lost to an allocation failure in here.
+//   * A fence orders every tensor the copy made: each field's and each ragged field's offsets
+//     (fenced_tensors()); host_only fields are CPU tensors the copy never touched.
 // Thread safety: the consumer thread only (on_finished runs on the engine's callback thread).
 #pragma once
 
@@ -33,6 +36,17 @@
 
 namespace conveyor::detail {
 
+// Where a tensor copied to the device goes in its batch: fields[field], or offsets[field] (a
+// ragged field's offsets).
+struct CopyTarget {
+  size_t field = 0;
+  bool offsets = false;
+};
+
+// The tensors of `batch` that a fence orders for `stream`: its fields and offsets on the stream's
+// kind of device (a host_only field stays on the CPU and needs no ordering).
+std::vector<at::Tensor> fenced_tensors(const Batch& batch, const c10::Stream& stream);
+
 class DeviceStager {
  public:
   DeviceStager(std::unique_ptr<CopyEngine> engine, size_t depth);
@@ -46,12 +60,14 @@ class DeviceStager {
   size_t size() const { return count_; }
 
   // Starts copying `host` (tensors viewing a slot in kCopying) to the device, then `on_device`
-  // (the slot's rows that GPU decode wrote on the device) over their rows; `batch` is the batch
-  // without its tensors. on_finished hands the slot back; it runs exactly once, also when the
-  // copy cannot start (then the failure is staged in the batch's place). Never throws.
+  // (the slot's rows that GPU decode wrote on the device, naming `host` entries) over their rows;
+  // the copy of host[i] becomes the batch's tensor that targets[i] names. `batch` is the batch
+  // without those tensors (its fields and offsets sized to its fields: host_only fields already
+  // there, on the CPU). on_finished hands the slot back; it runs exactly once, also when the copy
+  // cannot start (then the failure is staged in the batch's place). Never throws.
   void stage(Batch batch, const std::vector<at::Tensor>& host,
-             const std::vector<DeviceRows>& on_device, CudaEvent* slot_event,
-             std::function<void()> on_finished) noexcept;
+             const std::vector<CopyTarget>& targets, const std::vector<DeviceRows>& on_device,
+             CudaEvent* slot_event, std::function<void()> on_finished) noexcept;
   // A batch that failed: handed out as its failure in its turn. Never throws.
   void stage_failure(std::exception_ptr failure) noexcept;
 

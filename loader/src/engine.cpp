@@ -7,6 +7,7 @@
 
 #include "conveyor/internal/invariant.h"
 #include "conveyor/internal/trace.h"
+#include "ragged.h"
 
 namespace conveyor {
 
@@ -38,14 +39,14 @@ void DataLoader::Impl::build() {
     throw std::invalid_argument("conveyor: a source must have 1 to " +
                                 std::to_string(detail::BatchFiller::kMaxFields) + " fields");
   }
+  SlotRing::Options ring;
+  ring.slots = options_.slots;
+  for (const auto& f : fields_) {  // throws for a ragged field the slot cannot hold
+    ring.layout.field_bytes.push_back(detail::field_region_bytes(f, options_.batch_size));
+  }
   std::unique_ptr<CopyEngine> copy_engine = std::move(copy_engine_);
   if (!copy_engine && options_.device.is_cuda()) {
     copy_engine = make_cuda_copy_engine(options_.device);
-  }
-  SlotRing::Options ring;
-  ring.slots = options_.slots;
-  for (const auto& f : fields_) {
-    ring.layout.field_bytes.push_back(f.sample_bytes() * options_.batch_size);
   }
   // The ring is pinned when batches are copied to a CUDA device (required for asynchronous
   // copies), on that device. CPU batches view pageable slots; pin_memory then hands them out as
@@ -68,7 +69,7 @@ void DataLoader::Impl::build() {
             (cuda.usable() ? std::string("device is cpu")
                            : "no CUDA device is usable: " + cuda.reason) +
             "): " + ring_mode + ", no copy stage";
-    host_.emplace(shared_, fields_, options_.pin_memory);
+    host_.emplace(shared_, fields_, options_.batch_size, options_.pin_memory);
   }
   meta_.clear();  // a build() that threw may have made some
   for (size_t i = 0; i < options_.slots; ++i) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 
 #include "conveyor/internal/invariant.h"
 #include "conveyor/internal/trace.h"
@@ -62,23 +63,53 @@ void DataLoader::Impl::stage_copies(Clock::time_point deadline) {
       stager_->stage_failure(std::move(failure));
     } else {
       // Everything that allocates comes before begin_copy(): if it throws, the slot is held back
-      // (kReady) for the next call, and no batch is lost or stranded in kCopying.
+      // (kReady) for the next call, and no batch is lost or stranded in kCopying. The slot's
+      // ragged fields are compacted last, when nothing can fail any more.
+      const size_t rows = meta.indices.size();
       Batch batch;
-      std::vector<at::Tensor> views;
-      std::vector<DeviceRows> on_device;  // the rows GPU decode wrote on the device
+      std::vector<at::Tensor> host;        // what goes to the device
+      std::vector<detail::CopyTarget> to;  // and where each goes in the batch
+      std::vector<DeviceRows> on_device;   // the rows GPU decode wrote on the device
       std::function<void()> hand_back;
       try {
         batch = detail::empty_batch(header(*slot), fields_);
-        views = detail::slot_views(shared_->ring, *slot, fields_, meta.indices.size());
+        batch.fields.resize(fields_.size());
+        batch.offsets.resize(fields_.size());
+        detail::SlotTensors views =
+            detail::slot_views(shared_->ring, *slot, fields_, rows, options_.batch_size);
+        std::vector<size_t> host_index(fields_.size(), SIZE_MAX);  // a field's entry in `host`
+        for (size_t f = 0; f < fields_.size(); ++f) {
+          if (fields_[f].host_only) {  // stays on the CPU: copied out, as the slot goes back
+            detail::copy_field(shared_->ring, *slot, fields_, f, views, options_.batch_size,
+                               /*pinned=*/false, batch.fields[f], batch.offsets[f]);
+            continue;
+          }
+          host_index[f] = host.size();
+          host.push_back(views.fields[f]);
+          to.push_back({f, false});
+        }
+        for (size_t f = 0; f < fields_.size(); ++f) {
+          if (fields_[f].host_only || !fields_[f].ragged()) continue;
+          host.push_back(views.offsets[f]);
+          to.push_back({f, true});
+        }
         if (gpu_) on_device = gpu_->device_rows(*slot, meta);
+        for (DeviceRows& d : on_device) {  // GPU decode names the batch's (fixed) fields
+          CONVEYOR_CHECK(d.field < fields_.size() && host_index[d.field] != SIZE_MAX &&
+                             !fields_[d.field].ragged(),
+                         "GPU decode's device rows name a fixed field that goes to the device");
+          d.field = host_index[d.field];
+        }
         hand_back = [shared = shared_, s = *slot] { shared->ring.copy_finished(s); };
       } catch (...) {
         held_back_ = *slot;
         throw;
       }
+      detail::compact_slot(shared_->ring, *slot, fields_, rows, options_.batch_size,
+                           /*skip_host_only=*/true);
       ++next_stage_;
       CudaEvent* slot_event = shared_->ring.begin_copy(*slot);
-      stager_->stage(std::move(batch), views, on_device, slot_event, std::move(hand_back));
+      stager_->stage(std::move(batch), host, to, on_device, slot_event, std::move(hand_back));
     }
     copy_issue_seconds_ += detail::seconds_since(t0);
   }

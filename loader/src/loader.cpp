@@ -2,6 +2,7 @@
 // iterator.
 #include "conveyor/loader.h"
 
+#include "device_stager.h"
 #include "engine.h"
 
 namespace conveyor {
@@ -11,7 +12,7 @@ SampleError::SampleError(const std::string& message, size_t index, std::string p
     : std::runtime_error(message), index_(index), path_(std::move(path)), original_(original) {}
 
 void Batch::record_stream(c10::Stream stream) const {
-  if (copy_fence) copy_fence->use_on(stream, fields);
+  if (copy_fence) copy_fence->use_on(stream, detail::fenced_tensors(*this, stream));
 }
 
 const at::Tensor& Batch::field(const std::string& name) const {

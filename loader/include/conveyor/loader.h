@@ -352,6 +352,8 @@ class TimeoutError : public std::runtime_error {
 struct Batch {
   // One tensor per field, in the order of the source's fields(): [B, ...sample_shape] for a fixed
   // field; for a ragged field (FieldSpec::ragged) its `values`, [total items, ...sample_shape].
+  // On the loader's device, but a host_only field (FieldSpec::host_only), which stays a CPU
+  // tensor of its own (never a view of the loader's memory) when batches go to a CUDA device.
   std::vector<at::Tensor> fields;
   // One per field: undefined for a fixed field; for a ragged field its `offsets`, int64 [B + 1],
   // row r's items being fields[i][offsets[r] .. offsets[r + 1]). On the values' device (the CPU
