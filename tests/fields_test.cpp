@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <random>
@@ -21,6 +22,8 @@ namespace conveyor {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::TempDir;
+using testing::write_bytes;
 
 // What one sample of a generated dataset holds.
 struct Truth {
@@ -312,6 +315,123 @@ TEST(ManifestFields, AFieldOfAColumnTheManifestLacksIsRefusedAtOnce) {
     FAIL();
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("field \"depth\""), std::string::npos) << e.what();
+  }
+}
+
+// --- WebDataset shards written by webdataset.ShardWriter (tests/webdataset_members_write.py):
+// seven CLIP-style samples (jpg, txt, json, cls, npy, boxes.npy), sample 3 without a cls and
+// sample 5 without an npy.
+
+Fields clip_fields() {
+  return {{"image", Field::image("jpg;png;jpeg;webp", ImageTransform::train(16))},
+          {"caption", Field::text("txt")},
+          {"meta", Field::json("json")},
+          {"label", Field::integer("cls")},
+          {"soft", Field::array("npy", c10::kHalf, {10})},
+          {"boxes", Field::array("boxes.npy", c10::kFloat, {-1, 4})}};
+}
+
+// The sample number in a meta's JSON text ({"i": N, ...}).
+int sample_of(const std::string& meta) {
+  const size_t at = meta.find("\"i\": ");
+  return at == std::string::npos ? -1 : std::stoi(meta.substr(at + 5));
+}
+
+// Checks a batch of clip_fields() against what the writer wrote; returns the samples seen.
+std::vector<int> expect_clip_rows(const Batch& batch) {
+  std::vector<int> seen;
+  const at::Tensor box_offsets = batch.field_offsets("boxes");
+  for (size_t r = 0; r < batch.size(); ++r) {
+    const int i = sample_of(text_of(batch, "meta", r));
+    seen.push_back(i);
+    EXPECT_EQ(text_of(batch, "caption", r), i == 2 ? ""
+                                                   : "a caption for sample " + std::to_string(i) +
+                                                         ", \xc3\xbc"
+                                                         "n\xc3\xaf"
+                                                         "code");
+    EXPECT_EQ(batch.field("label")[static_cast<int64_t>(r)].item<int64_t>(), i % 3);
+    const at::Tensor soft = batch.field("soft")[static_cast<int64_t>(r)].to(at::kFloat);
+    EXPECT_TRUE(at::equal(soft, at::arange(10, at::kFloat) * i)) << i;
+    const int64_t b0 = box_offsets[static_cast<int64_t>(r)].item<int64_t>();
+    const int64_t b1 = box_offsets[static_cast<int64_t>(r) + 1].item<int64_t>();
+    EXPECT_EQ(b1 - b0, i % 4) << i;
+    const at::Tensor boxes = batch.field("boxes").slice(0, b0, b1);
+    EXPECT_TRUE(at::equal(boxes, at::full({i % 4, 4}, static_cast<float>(i)))) << i;
+  }
+  return seen;
+}
+
+class ClipShards : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = std::make_unique<TempDir>();
+    const std::string write = std::string(CONVEYOR_VENV_PYTHON) + " " + WEBDATASET_MEMBERS_WRITE +
+                              " " + dir_->path().string();
+    ASSERT_EQ(std::system(write.c_str()), 0) << write;
+  }
+  static void TearDownTestSuite() { dir_.reset(); }
+  static std::string pattern() { return (dir_->path() / "clip-{000000..000001}.tar").string(); }
+  static void index() {
+    const std::string command = std::string(CONVEYOR_PREPARE) + " --index-only " +
+                                (dir_->path() / "clip-000000.tar").string() + " " +
+                                (dir_->path() / "clip-000001.tar").string() +
+                                " --force >/dev/null 2>&1";
+    ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  }
+  static std::unique_ptr<TempDir> dir_;
+};
+std::unique_ptr<TempDir> ClipShards::dir_;
+
+LoaderOptions skipping(size_t workers) {
+  LoaderOptions o = options_for(workers);
+  o.batch_size = 2;
+  o.on_error = ErrorPolicy::kSkip;
+  return o;
+}
+
+TEST_F(ClipShards, StreamedEveryFieldAsWrittenAndTheIncompleteSamplesSkipped) {
+  ShardOptions streamed;
+  streamed.streaming = true;
+  streamed.shuffle_buffer = 3;
+  DataLoader loader(FieldSource::tar_shards({pattern()}, clip_fields(), streamed), skipping(2));
+  std::multiset<int> seen;
+  for (Batch& batch : loader) {
+    for (int i : expect_clip_rows(batch)) seen.insert(i);
+  }
+  EXPECT_EQ(loader.stats().skipped, 2u);  // 3 has no cls, 5 no npy: substitutes in their place
+  EXPECT_EQ(seen.count(3) + seen.count(5), 0u);
+  for (int i : {0, 1, 2, 4, 6}) EXPECT_GE(seen.count(i), 1u) << i;
+}
+
+TEST_F(ClipShards, IndexedAtRandomTheSameForAnyWorkersAndAMissingFieldRaised) {
+  index();
+  std::vector<std::vector<size_t>> orders;
+  for (size_t workers : {1, 4}) {
+    DataLoader loader(FieldSource::tar_shards({pattern()}, clip_fields()), skipping(workers),
+                      RandomSampler::make(2));
+    std::vector<size_t> order;
+    std::set<int> seen;
+    for (Batch& batch : loader) {
+      for (int i : expect_clip_rows(batch)) seen.insert(i);
+      order.insert(order.end(), batch.indices.begin(), batch.indices.end());
+    }
+    EXPECT_EQ(seen, (std::set<int>{0, 1, 2, 4, 6}));
+    EXPECT_EQ(loader.stats().skipped, 2u);
+    orders.push_back(order);
+  }
+  EXPECT_EQ(orders[0], orders[1]);
+  LoaderOptions raise = options_for(2);
+  raise.batch_size = 7;
+  DataLoader loader(FieldSource::tar_shards({pattern()}, clip_fields()), raise);
+  try {
+    for (Batch& batch : loader) (void)batch;
+    FAIL() << "no error";
+  } catch (const SampleError& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.index(), 3u);
+    EXPECT_NE(what.find("clip-000000.tar (sample sample003)"), std::string::npos) << what;
+    EXPECT_NE(what.find("field \"label\""), std::string::npos) << what;
+    EXPECT_NE(what.find("\"cls\""), std::string::npos) << what;
   }
 }
 
