@@ -254,6 +254,12 @@ def tar_shards(shards: Union[str, Sequence[str]], transform: Optional[Transform]
     through a shuffle buffer of ``shuffle_buffer`` samples, split over ``rank``/``world_size``
     (from torch.distributed when initialized); use the loader's default sequential order then.
 
+    ``fields=`` (a dict of name -> ``conveyor.Image``, ``Text``, ``Json``, ``Int``, ``Float``,
+    ``Array``, ``Bytes``) reads any members (``txt``, ``json``, ``npy``, ``boxes.npy``, ...) and
+    makes batches ``conveyor.FieldBatch`` dicts (docs/fields.md); each Image field carries its
+    own transform, so ``transform`` is not given then. Index others' shards once for random
+    access with ``conveyor-prepare --index-only SHARD...``; without an index they are streamed.
+
     HTTP: ``retries`` (4) with exponential ``backoff`` (0.1 s .. 2 s), a deadline on every
     request (``request_timeout``, 30 s; ``connect_timeout``, 5 s), ``requests_in_flight`` (4)
     ranged reads per worker at once. A streamed shard (HTTP or ``pipe:``) that has reached byte N

@@ -126,8 +126,13 @@ class DataLoader:
             for images, labels in loader:   # uint8 NCHW on cuda:0, already copied, stream-safe
                 ...
 
+    A dataset made with ``fields=`` (``conveyor.tar_shards(..., fields=...)``,
+    ``conveyor.Manifest``) yields ``conveyor.FieldBatch`` dicts keyed by field name instead:
+    images and arrays as tensors on ``device``, ragged arrays as ``torch.nested`` jagged
+    tensors there, text as ``list[str]``, JSON as parsed values (docs/fields.md).
+
     Arguments (torch.utils.data.DataLoader's names where the meaning is the same):
-        dataset: a Conveyor dataset (ImageFolder, FileList, JpegBytes, tar_shards). A
+        dataset: a Conveyor dataset (ImageFolder, FileList, JpegBytes, tar_shards, Manifest). A
             torch.utils.data.Dataset is refused: its Python __getitem__ would serialize the
             workers on the GIL (docs/python.md).
         batch_size: samples per batch (default 1).
