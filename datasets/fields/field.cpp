@@ -143,8 +143,7 @@ std::string field_label(const std::string& name) { return "field \"" + printable
 
 std::string member_text(const Member& member) {
   if (member.encoding == MemberEncoding::kInteger) return std::to_string(member.integer);
-  return "'" +
-         printable(std::string_view(reinterpret_cast<const char*>(member.data), member.size)) + "'";
+  return quoted(std::string_view(reinterpret_cast<const char*>(member.data), member.size));
 }
 
 std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Field& field,

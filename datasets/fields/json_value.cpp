@@ -118,7 +118,7 @@ class Scanner {
         return literal(at, "null");
       default:
         if (text_[at] == '-' || is_digit(text_[at])) return number(at);
-        fail(at, "'" + printable(text_.substr(at, 1)) + "' where a value is expected");
+        fail(at, quoted(text_.substr(at, 1)) + " where a value is expected");
     }
   }
 
@@ -225,7 +225,7 @@ class Scanner {
 
   size_t literal(size_t at, std::string_view word) const {
     if (text_.substr(at, word.size()) != word) {
-      fail(at, "'" + printable(text_.substr(at, word.size())) + "' where a value is expected");
+      fail(at, quoted(text_.substr(at, word.size())) + " where a value is expected");
     }
     return at + word.size();
   }

@@ -86,7 +86,7 @@ class HeaderReader {
 
   std::string shown() const {
     if (at_ >= text_.size()) return "the header's end";
-    return "'" + printable(text_.substr(at_, 16)) + "'";
+    return detail::quoted(text_.substr(at_, 16));
   }
 
   void skip_space() {
