@@ -15,6 +15,33 @@ threads may still be starting) and ends after `--epochs` epochs; FFCV's .beton i
 timed on its own, and its numba compilation is taken out by one untimed epoch. A loader that fails
 reports its error and the table says so. The default data is conveyor-bench's photo-like dataset
 (1,500 JPEGs, about 500x375, in ~/.cache/conveyor/datasets/).
+
+`--clip` compares instead on CLIP-style WebDataset shards (issue 31), written first with
+webdataset.ShardWriter from the --data images: per sample a `jpg`, a `txt` caption of about 100
+bytes and a `json` of about 1 kB, as img2dataset writes them (keys `%09d`), then indexed with
+`conveyor-prepare --index-only` for the random-access runs:
+
+    PEERS/bin/python bench/python/bench.py --clip [--data DIR] [--clip-samples 1500]
+        [--loaders conveyor-fields,conveyor-image,conveyor-fields-indexed,conveyor-image-indexed,
+                   webdataset] [--workers 2] [--rounds 3] [--epochs 2] [--json FILE]
+
+- conveyor-fields: `conveyor.tar_shards(..., fields={"image": Image("jpg", RandomResizedCrop 224
+  + flip), "caption": Text("txt"), "meta": Json("json")}, streaming=True)`, 2 workers;
+- conveyor-image: the same with the image field alone (what the caption and JSON cost);
+- conveyor-fields-indexed, conveyor-image-indexed: the same through the index, shuffled;
+- webdataset: webdataset 1.0's `WebDataset(shards).shuffle(1000).decode("pil")
+  .to_tuple("jpg", "txt", "json").map_tuple(v2 RandomResizedCrop 224 + flip + PILToTensor, ...)`
+  in torch's DataLoader with 2 worker processes, batched as Conveyor's: stacked images, captions a
+  list of str, JSON a list of parsed values.
+
+Every run reads the same samples for `--epochs` epochs; the clock starts after the first
+`--workers` batches (worker start-up and first reads) and the samples counted are those after
+them, the same count for every loader. The ratios are medians of per-round ratios:
+conveyor-fields / webdataset (and the indexed run / webdataset), conveyor-fields /
+conveyor-image (and indexed / indexed). Each run's samples are counted: a loader that reads a
+sample twice or misses one fails. Conveyor's runs also say where the time goes, from its stats:
+the workers' fill time and the loop's time outside waits (Python's: the batch's dict, its str
+and parsed JSON), per sample, over the whole run.
 """
 
 from __future__ import annotations
@@ -23,6 +50,8 @@ import argparse
 import json
 import os
 import platform
+import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -204,10 +233,188 @@ RUNS = {"conveyor": run_conveyor, "torch-pil": run_torch_pil,
         "ffcv": run_ffcv}
 
 
+# ------------------------------------------------------------------------------------------------
+# The CLIP-style comparison (--clip): shards of jpg + txt + json.
+
+CLIP_ALL = ["conveyor-fields", "conveyor-image", "conveyor-fields-indexed",
+            "conveyor-image-indexed", "webdataset"]
+# (numerator, denominator) of each reported ratio, the headline first.
+CLIP_RATIOS = [("conveyor-fields", "webdataset"), ("conveyor-fields-indexed", "webdataset"),
+               ("conveyor-fields", "conveyor-image"),
+               ("conveyor-fields-indexed", "conveyor-image-indexed")]
+CLIP_WORDS = ("a photo of the old red wooden house by the lake at sunset with mountains in the "
+              "background two dogs playing on green grass close up portrait of a smiling woman "
+              "wearing blue jacket vintage car parked on cobblestone street in Paris café "
+              "aerial view city skyline night lights abstract painting colorful shapes texture "
+              "bowl of fresh fruit on kitchen table").split()
+
+
+def clip_caption(rng):
+    """About 100 bytes of UTF-8 text (96 to 110), as issue 31 describes CLIP's captions."""
+    words = []
+    while len(" ".join(words).encode()) < 96:
+        words.append(rng.choice(CLIP_WORDS))
+    return " ".join(words)
+
+
+def clip_meta(rng, key, caption):
+    """About 1 kB of JSON, the fields img2dataset writes beside each image (EXIF as a string)."""
+    r = rng.randint
+    exif = {"Image Make": rng.choice(["Canon", "NIKON CORPORATION", "SONY", "Apple"]),
+            "Image Model": f"Model {r(1, 999)}", "Image Orientation": "Horizontal",
+            "Image XResolution": "72", "Image YResolution": "72",
+            "Image Software": f"Adobe Photoshop Lightroom Classic {r(7, 13)}.{r(0, 5)} (Windows)",
+            "EXIF ExposureTime": f"1/{r(30, 4000)}", "EXIF FNumber": f"{r(14, 220) / 10}",
+            "EXIF ExposureProgram": "Aperture priority",
+            "EXIF ISOSpeedRatings": str(rng.choice([100, 200, 400, 800, 1600])),
+            "EXIF DateTimeOriginal": f"20{r(10, 24)}:0{r(1, 9)}:1{r(0, 9)} "
+                                     f"1{r(0, 9)}:2{r(0, 9)}:3{r(0, 9)}",
+            "EXIF FocalLength": str(r(18, 200)),
+            "EXIF LensModel": f"EF{r(10, 100)}-{r(100, 400)}mm f/4L IS USM"}
+    return {"url": f"https://images.example.com/photos/{rng.getrandbits(64):016x}/"
+                   f"{'-'.join(caption.split()[:6])}.jpg",
+            "key": key, "caption": caption, "status": "success", "error_message": None,
+            "width": 256, "height": 256, "original_width": r(300, 4000),
+            "original_height": r(300, 3000), "exif": json.dumps(exif),
+            "sha256": f"{rng.getrandbits(256):064x}", "similarity": round(rng.random(), 6),
+            "punsafe": round(rng.random() / 10, 6), "pwatermark": round(rng.random() / 2, 6),
+            "LICENSE": "?", "NSFW": "UNLIKELY", "language": "en"}
+
+
+def write_clip_shards(images, out, samples, per_shard=100, seed=0):
+    """`samples` CLIP-style samples (the JPEG files of the folder `images`, in turn) into
+    out/clip-NNNNNN.tar with webdataset.ShardWriter; returns their brace pattern and the mean
+    sizes of the members."""
+    import webdataset as wds
+
+    files = sorted(p for p in Path(images).rglob("*") if p.suffix.lower() in (".jpg", ".jpeg"))
+    if not files:
+        raise ValueError(f"no JPEG files under {images}")
+    rng = random.Random(seed)
+    sizes = {"jpg": 0, "txt": 0, "json": 0}
+    out.mkdir(parents=True, exist_ok=True)
+    with wds.ShardWriter(str(out / "clip-%06d.tar"), maxcount=per_shard, verbose=0) as sink:
+        for i in range(samples):
+            key = f"{i:09d}"
+            caption = clip_caption(rng)
+            sample = {"__key__": key, "jpg": files[i % len(files)].read_bytes(),
+                      "txt": caption.encode(),
+                      "json": json.dumps(clip_meta(rng, key, caption)).encode()}
+            for ext in sizes:
+                sizes[ext] += len(sample[ext])
+            sink.write(sample)
+    last = (samples - 1) // per_shard
+    pattern = str(out / f"clip-{{000000..{last:06d}}}.tar")
+    return pattern, {ext: total / samples for ext, total in sizes.items()}
+
+
+def timed_after_warmup(loader, epochs, count, warmup, check):
+    """Iterates `loader` for `epochs` epochs; returns (samples, samples timed, seconds), the clock
+    started after the first `warmup` batches (of which the first goes through `check`)."""
+    samples = timed = batches = 0
+    start = None
+    for _ in range(epochs):
+        for batch in loader:
+            if not batches:
+                check(batch)
+            n = count(batch)
+            samples += n
+            batches += 1
+            if start is not None:
+                timed += n
+            elif batches >= warmup:
+                start = time.perf_counter()
+    if start is None or not timed:
+        raise ValueError(f"{samples} samples in {batches} batches: too few to time after "
+                         f"{warmup} warm-up batches")
+    return samples, timed, time.perf_counter() - start
+
+
+def check_clip_batch(images, captions, metas):
+    """What a CLIP training loop is handed: uint8 [B, 3, 224, 224] images, a str per caption, a
+    parsed JSON object per sample."""
+    import torch
+
+    if images.dtype != torch.uint8 or tuple(images.shape[1:]) != (3, CROP, CROP):
+        raise ValueError(f"images are {images.dtype} {tuple(images.shape)}")
+    if captions is not None and not all(isinstance(c, str) for c in captions):
+        raise ValueError(f"captions are not str: {type(captions[0]).__name__}")
+    if metas is not None and not all(isinstance(m, dict) for m in metas):
+        raise ValueError(f"JSON values are not dicts: {type(metas[0]).__name__}")
+
+
+def clip_fields(image_only):
+    import conveyor
+
+    fields = {"image": conveyor.Image("jpg",
+                                      transform=conveyor.RandomResizedCrop(CROP, flip=True))}
+    if not image_only:
+        fields["caption"] = conveyor.Text("txt")
+        fields["meta"] = conveyor.Json("json")
+    return fields
+
+
+def run_clip_conveyor(args):
+    import conveyor
+
+    indexed = args.run.endswith("-indexed")
+    fields = clip_fields(image_only=args.run.startswith("conveyor-image"))
+    if indexed:  # named: a missing index is an error, not a silent fall-back to streaming
+        shards = conveyor.tar_shards(args.data, fields=fields, index=args.index)
+    else:
+        shards = conveyor.tar_shards(args.data, fields=fields, streaming=True)
+    loader = conveyor.DataLoader(shards, batch_size=args.batch_size, shuffle=indexed,
+                                 num_workers=args.workers, seed=0, device=args.device)
+    start = time.perf_counter()
+    samples, timed, seconds = timed_after_warmup(
+        loader, args.epochs, lambda b: b["image"].shape[0], args.workers,
+        lambda b: check_clip_batch(b["image"], b.get("caption"), b.get("meta")))
+    stats = loader.stats()
+    # Where the time goes, over every epoch (warm-up included): the workers' time filling
+    # samples, and the loop's (Python's) time waiting for batches out of its wall time.
+    return {"samples": samples, "timed_samples": timed, "seconds": seconds,
+            "wall_seconds": time.perf_counter() - start, "fill_seconds": stats["fill_seconds"],
+            "wait_seconds": stats["wait_seconds"], "skipped": stats["skipped"]}
+
+
+def collate_clip(samples):
+    """Batches as Conveyor's: the images stacked, captions a list of str, JSON a list."""
+    import torch
+
+    images, captions, metas = zip(*samples)
+    return torch.stack(images), list(captions), list(metas)
+
+
+def keep(value):
+    return value
+
+
+def run_clip_webdataset(args):
+    import torch
+    import webdataset as wds
+    from torchvision.transforms import v2
+
+    crop = v2.Compose([v2.RandomResizedCrop(CROP, antialias=True), v2.RandomHorizontalFlip(),
+                       v2.PILToTensor()])
+    pipeline = (wds.WebDataset(args.data, shardshuffle=100, seed=0)
+                .shuffle(1000).decode("pil").to_tuple("jpg", "txt", "json")
+                .map_tuple(crop, keep, keep))
+    loader = torch.utils.data.DataLoader(pipeline, batch_size=args.batch_size,
+                                         num_workers=args.workers, collate_fn=collate_clip,
+                                         persistent_workers=args.workers > 0)
+    samples, timed, seconds = timed_after_warmup(loader, args.epochs, lambda b: len(b[1]),
+                                                 args.workers, lambda b: check_clip_batch(*b))
+    return {"samples": samples, "timed_samples": timed, "seconds": seconds}
+
+
 def child(args):
     """--run NAME: one loader's epochs in this process; prints one JSON line."""
     extra = {}
     try:
+        if args.run in CLIP_ALL:
+            run = run_clip_webdataset if args.run == "webdataset" else run_clip_conveyor
+            print(json.dumps(run(args)), flush=True)
+            return
         fn = RUNS[args.run]
         call = (args.data, args.workers, args.epochs, args.device)
         if args.run == "ffcv":
@@ -237,7 +444,9 @@ def run_one(name, args, beton):
             return {"images_per_s": figures["images_per_s"]}
     cmd = [sys.executable, __file__, "--run", name, "--data", args.data, "--workers",
            str(args.workers), "--epochs", str(args.epochs), "--device", args.device,
-           "--beton", str(beton)]
+           "--beton", str(beton), "--batch-size", str(args.batch_size)]
+    if args.index:
+        cmd += ["--index", args.index]
     done = subprocess.run(cmd, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
@@ -245,13 +454,132 @@ def run_one(name, args, beton):
     result = json.loads(lines[-1])
     if "images" in result:
         result["images_per_s"] = result["images"] / result["seconds"]
+    if "timed_samples" in result:
+        result["samples_per_s"] = result["timed_samples"] / result["seconds"]
     return result
+
+
+def run_rounds(loaders, rounds, run, rate, unit):
+    """Each round runs every loader once, in turn (so that a drifting machine affects all
+    alike); returns {loader: [its result in each round]}, each with the 1-minute load before."""
+    results = {name: [] for name in loaders}
+    for r in range(rounds):
+        for name in loaders:
+            load = os.getloadavg()[0]
+            result = run(name)
+            result["load_1min_before"] = load
+            results[name].append(result)
+            shown = (f"{result[rate]:.1f} {unit}/s" if rate in result
+                     else f"failed: {result.get('error')}")
+            print(f"round {r + 1}/{rounds}  {name:24s} {shown}  (load {load:.2f})",
+                  file=sys.stderr, flush=True)
+    return results
+
+
+def paired_ratios(over, under, rate):
+    """The per-round ratios over/under of two loaders' rates (rounds where both ran)."""
+    return [a[rate] / b[rate] for a, b in zip(over, under) if a.get(rate) and b.get(rate)]
 
 
 def default_data(conveyor_bench):
     done = subprocess.run([conveyor_bench, "--generate-only"], capture_output=True, text=True,
                           check=True)
     return done.stdout.strip().splitlines()[-1]
+
+
+def prepare_tool(given):
+    if given:
+        return given
+    beside = Path(sys.executable).parent / "conveyor-prepare"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("conveyor-prepare") or str(REPO / "build" / "tools" / "conveyor-prepare")
+
+
+def clip_main(args, loaders, report):
+    """--clip: writes the CLIP-style shards, indexes them, runs the rounds, prints the table."""
+    report.update(clip_samples=args.clip_samples, clip_per_shard=args.clip_per_shard,
+                  batch_size=args.batch_size)
+    with tempfile.TemporaryDirectory() as work:
+        out = Path(args.clip_shards) if args.clip_shards else Path(work) / "clip"
+        start = time.perf_counter()
+        pattern, sizes = write_clip_shards(args.data, out, args.clip_samples,
+                                           args.clip_per_shard)
+        report.update(shards=pattern, mean_member_bytes=sizes,
+                      write_seconds=time.perf_counter() - start)
+        print(f"clip: {args.clip_samples} samples in {pattern} (mean bytes: jpg "
+              f"{sizes['jpg']:.0f}, txt {sizes['txt']:.0f}, json {sizes['json']:.0f})",
+              file=sys.stderr, flush=True)
+        if any(name.endswith("-indexed") for name in loaders):
+            start = time.perf_counter()
+            tool = prepare_tool(args.conveyor_prepare)
+            try:
+                done = subprocess.run([tool, "--index-only", pattern], capture_output=True,
+                                      text=True)
+                error = (None if done.returncode == 0
+                         else (done.stderr.strip().splitlines() or ["?"])[-1])
+            except OSError as failed:
+                error = f"{tool}: {failed.strerror}"
+            if error is None:
+                report["index_seconds"] = time.perf_counter() - start
+                args.index = str(out / "clip.index.json")  # PREFIX.index.json beside the shards
+            else:
+                report["index_error"] = error
+                loaders = [name for name in loaders if not name.endswith("-indexed")]
+                print(f"clip: no index, so no indexed runs: {report['index_error']}",
+                      file=sys.stderr, flush=True)
+        args.data = pattern
+        rounds = run_rounds(loaders, args.rounds, lambda name: run_one(name, args, None),
+                            "samples_per_s", "samples")
+    report["load_after"] = os.getloadavg()
+    # Every loader reads every sample once an epoch: a count that differs is a failed run.
+    expected = args.clip_samples * args.epochs
+    for results in rounds.values():
+        for result in results:
+            if "samples" in result and result["samples"] != expected:
+                result["error"] = f"read {result['samples']} samples, not {expected}"
+                result.pop("samples_per_s", None)
+    summary = {}
+    for name in loaders:
+        entry = {"rounds": rounds[name]}
+        good = [x["samples_per_s"] for x in rounds[name] if x.get("samples_per_s")]
+        if good:
+            entry["samples_per_s"] = statistics.median(good)
+        errors = [x["error"] for x in rounds[name] if "error" in x]
+        if errors:
+            entry["error"] = errors[0]
+        summary[name] = entry
+    ratios = {}
+    for over, under in CLIP_RATIOS:
+        if over in rounds and under in rounds:
+            per_round = paired_ratios(rounds[over], rounds[under], "samples_per_s")
+            if per_round:
+                ratios[f"{over} / {under}"] = {"median": statistics.median(per_round),
+                                               "rounds": per_round}
+    report["loaders"] = summary
+    report["ratios"] = ratios
+    print(f"\n{report['date']}  {report['machine']}  load {report['load_before'][0]:.2f}  "
+          f"workers {args.workers}  batch {args.batch_size}  crop {CROP}  epochs {args.epochs}  "
+          f"rounds {args.rounds}  device {args.device}  samples {args.clip_samples}")
+    # Conveyor's runs: the workers' fill time and the loop's time out of waits, per sample.
+    print(f"{'loader':24s} {'samples/s':>10s} {'fill us/sample':>15s} {'loop us/sample':>15s}")
+    for name, entry in summary.items():
+        rate = f"{entry['samples_per_s']:.1f}" if "samples_per_s" in entry else "failed"
+        good = [x for x in entry["rounds"] if "fill_seconds" in x and "samples" in x]
+        fill = loop = ""
+        if good:
+            us = [(1e6 * x["fill_seconds"] / x["samples"],
+                   1e6 * (x["wall_seconds"] - x["wait_seconds"]) / x["samples"]) for x in good]
+            fill = f"{statistics.median(f for f, _ in us):.0f}"
+            loop = f"{statistics.median(w for _, w in us):.0f}"
+        print(f"{name:24s} {rate:>10s} {fill:>15s} {loop:>15s}" +
+              (f"   ({entry['error']})" if "error" in entry else ""))
+    for label, ratio in ratios.items():
+        print(f"{label:48s} {ratio['median']:.3f}x  (rounds: "
+              f"{', '.join(f'{r:.3f}' for r in ratio['rounds'])})")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
 
 
 def main():
@@ -261,27 +589,44 @@ def main():
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--loaders", default=",".join(ALL))
+    parser.add_argument("--loaders", help=f"default: {','.join(ALL)}; with --clip: "
+                                           f"{','.join(CLIP_ALL)}")
     parser.add_argument("--conveyor-bench", default=str(REPO / "build" / "bench" / "conveyor-bench"))
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--clip", action="store_true",
+                        help="compare on CLIP-style shards (jpg + txt + json) written from --data")
+    parser.add_argument("--clip-samples", type=int, default=1500,
+                        help="samples in the CLIP-style shards (the --data JPEGs in turn)")
+    parser.add_argument("--clip-per-shard", type=int, default=100,
+                        help="samples per CLIP-style shard")
+    parser.add_argument("--clip-shards", help="write the CLIP-style shards here and keep them "
+                                              "(default: a temporary folder)")
+    parser.add_argument("--conveyor-prepare", help="indexes the CLIP-style shards (default: "
+                                                   "beside python, on PATH or in build/tools)")
+    parser.add_argument("--batch-size", type=int, default=BATCH,
+                        help=f"the --clip runs' batch size ({BATCH})")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--beton", help=argparse.SUPPRESS)
+    parser.add_argument("--index", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
         return child(args)
     if not args.data:
         args.data = default_data(args.conveyor_bench)
-    loaders = [name for name in args.loaders.split(",") if name]
+    known, main_loader = (CLIP_ALL, "conveyor-fields") if args.clip else (ALL, "conveyor")
+    loaders = [name for name in (args.loaders or ",".join(known)).split(",") if name]
     for name in loaders:
-        if name not in ALL:
-            parser.error(f"unknown loader {name!r} (known: {', '.join(ALL)})")
-    if "conveyor" not in loaders:
-        loaders.insert(0, "conveyor")
+        if name not in known:
+            parser.error(f"unknown loader {name!r} (known: {', '.join(known)})")
+    if main_loader not in loaders:
+        loaders.insert(0, main_loader)
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
               "load_before": os.getloadavg(), "data": args.data, "workers": args.workers,
               "epochs": args.epochs, "rounds": args.rounds, "device": args.device}
+    if args.clip:
+        return clip_main(args, loaders, report)
     with tempfile.TemporaryDirectory() as work:
         beton = Path(work) / "data.beton"
         if "ffcv" in loaders:
@@ -297,27 +642,17 @@ def main():
                 report["ffcv_beton_bytes"] = beton.stat().st_size
             else:
                 report["ffcv_beton_error"] = (done.stderr.strip().splitlines() or ["?"])[-1]
-        rounds = {name: [] for name in loaders}
-        for r in range(args.rounds):
-            for name in loaders:
-                load = os.getloadavg()[0]
-                result = run_one(name, args, beton)
-                result["load_1min_before"] = load
-                rounds[name].append(result)
-                shown = (f"{result['images_per_s']:.1f} images/s" if "images_per_s" in result
-                         else f"failed: {result.get('error')}")
-                print(f"round {r + 1}/{args.rounds}  {name:18s} {shown}  (load {load:.2f})",
-                      file=sys.stderr, flush=True)
+        rounds = run_rounds(loaders, args.rounds, lambda name: run_one(name, args, beton),
+                            "images_per_s", "images")
     report["load_after"] = os.getloadavg()
     summary = {}
-    main_rates = [x.get("images_per_s") for x in rounds["conveyor"]]
     for name in loaders:
         rates = [x.get("images_per_s") for x in rounds[name]]
         entry = {"rounds": rounds[name]}
         good = [v for v in rates if v]
         if good:
             entry["images_per_s"] = statistics.median(good)
-        ratios = [m / v for m, v in zip(main_rates, rates) if m and v]
+        ratios = paired_ratios(rounds["conveyor"], rounds[name], "images_per_s")
         if ratios and name != "conveyor":
             entry["conveyor_python_over_this"] = statistics.median(ratios)
         errors = [x["error"] for x in rounds[name] if "error" in x]
