@@ -250,7 +250,7 @@ CLIP_WORDS = ("a photo of the old red wooden house by the lake at sunset with mo
 
 
 def clip_caption(rng):
-    """About 100 bytes of UTF-8 text (96 to 110), as issue 31 describes CLIP's captions."""
+    """About 100 bytes of UTF-8 text (at least 96), as issue 31 describes CLIP's captions."""
     words = []
     while len(" ".join(words).encode()) < 96:
         words.append(rng.choice(CLIP_WORDS))
