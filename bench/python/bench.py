@@ -514,8 +514,10 @@ def clip_main(args, loaders, report):
             start = time.perf_counter()
             tool = prepare_tool(args.conveyor_prepare)
             try:
-                done = subprocess.run([tool, "--index-only", pattern], capture_output=True,
-                                      text=True)
+                # --force: the shards were just written, so an index beside them is stale
+                # (before --index-only, which takes every argument after it as a shard).
+                done = subprocess.run([tool, "--force", "--index-only", pattern],
+                                      capture_output=True, text=True)
                 error = (None if done.returncode == 0
                          else (done.stderr.strip().splitlines() or ["?"])[-1])
             except OSError as failed:

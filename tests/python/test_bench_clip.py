@@ -58,6 +58,9 @@ def test_the_clip_comparison_reads_every_sample_with_conveyors_fields(tmp_path):
     for name in ("conveyor-fields", "conveyor-fields-indexed"):
         (result,) = figures["loaders"][name]["rounds"]
         assert result["fill_seconds"] > 0 and result["skipped"] == 0, (name, result)
+    # Again into the same folder: the shards are rewritten and their index replaced.
+    again = _run_clip(tmp_path, "conveyor-fields-indexed")
+    assert "index_error" not in again and "conveyor-fields-indexed" in again["loaders"]
 
 
 def test_the_clip_comparison_against_webdataset(tmp_path):
