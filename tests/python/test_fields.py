@@ -68,8 +68,12 @@ def _fields():
 
 
 def _epoch(loader):
+    """Every batch of an epoch, each row checked against what was written (sample i is key i:
+    the shards and the index keep the writer's order), kept as plain values."""
     out = []
     for batch in loader:
+        for row, i in enumerate(batch.indices):
+            _check_batch_row(batch, row, i)
         out.append(({k: (v if isinstance(v, list) else
                          (v.values().clone(), v.offsets().clone()) if v.is_nested else v.clone())
                      for k, v in batch.items()}, list(batch.indices)))
@@ -124,9 +128,6 @@ def test_indexed_clip_shards_at_random_same_for_any_workers_and_resume(clip_shar
     _same(one, four)
     indices = [i for _, b in one for i in b]
     assert sorted(indices) == list(range(SAMPLES))
-    for batch, idx in one:
-        for row, i in enumerate(idx):
-            _check_batch_row(batch, row, i)  # the shards' order is the keys' order
     loader = conveyor.DataLoader(ds, batch_size=6, shuffle=True, num_workers=2, seed=4)
     it = iter(loader)
     next(it), next(it)
