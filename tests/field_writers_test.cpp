@@ -147,7 +147,7 @@ TEST(TextFields, CaptionsAreCheckedUtf8AndBounded) {
                               json_member("caption", "\"a \\\"quoted\\\" \\u00e9\""))),
             "a \"quoted\" \xc3\xa9");
   for (const std::string& bad : {std::string("\xff"), std::string("ab\xc3"),
-                                std::string("\xed\xa0\x80"), std::string("\xc0\xaf")}) {
+                                 std::string("\xed\xa0\x80"), std::string("\xc0\xaf")}) {
     const std::string e = error_of("caption", Field::text("txt"), file_member("txt", bad));
     EXPECT_NE(e.find("not UTF-8"), std::string::npos) << e;
   }
