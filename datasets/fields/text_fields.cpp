@@ -62,14 +62,19 @@ void write_bytes(const std::string& name, const FieldSpec& spec, const Member& m
   out.set_count(static_cast<int64_t>(size));
 }
 
+// A number the kind knows (an ImageFolder's class), as its decimal text.
+void write_integer(const std::string& name, const FieldSpec& spec, const Member& member,
+                   std::byte* row) {
+  const std::string text = std::to_string(member.integer);
+  write_bytes(name, spec, member, reinterpret_cast<const uint8_t*>(text.data()), text.size(), row);
+}
+
 class BytesWriter final : public FieldWriter {
  public:
   BytesWriter(std::string name, FieldSpec spec) : name_(std::move(name)), spec_(std::move(spec)) {}
   void write(const Member& member, const SampleContext&, std::byte* row) override {
     if (member.encoding == MemberEncoding::kInteger) {
-      const std::string text = std::to_string(member.integer);
-      write_bytes(name_, spec_, member, reinterpret_cast<const uint8_t*>(text.data()), text.size(),
-                  row);
+      write_integer(name_, spec_, member, row);
       return;
     }
     write_bytes(name_, spec_, member, member.data, member.size, row);
@@ -85,9 +90,7 @@ class TextWriter final : public FieldWriter {
   TextWriter(std::string name, FieldSpec spec) : name_(std::move(name)), spec_(std::move(spec)) {}
   void write(const Member& member, const SampleContext&, std::byte* row) override {
     if (member.encoding == MemberEncoding::kInteger) {
-      const std::string text = std::to_string(member.integer);
-      write_bytes(name_, spec_, member, reinterpret_cast<const uint8_t*>(text.data()), text.size(),
-                  row);
+      write_integer(name_, spec_, member, row);
       return;
     }
     if (member.encoding == MemberEncoding::kJson) {
@@ -121,9 +124,7 @@ class JsonWriter final : public FieldWriter {
   JsonWriter(std::string name, FieldSpec spec) : name_(std::move(name)), spec_(std::move(spec)) {}
   void write(const Member& member, const SampleContext&, std::byte* row) override {
     if (member.encoding == MemberEncoding::kInteger) {
-      const std::string text = std::to_string(member.integer);
-      write_bytes(name_, spec_, member, reinterpret_cast<const uint8_t*>(text.data()), text.size(),
-                  row);
+      write_integer(name_, spec_, member, row);
       return;
     }
     // The bound first: a value over it is refused before it is parsed.
