@@ -28,7 +28,7 @@ bool is_npy(const Member& member) {
          std::memcmp(member.data, kNpyMagic, sizeof kNpyMagic) == 0;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
+std::string shape_text(c10::IntArrayRef shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
@@ -99,7 +99,10 @@ class ArrayWriter final : public FieldWriter {
   }
 
   void write(const Member& member, const SampleContext&, std::byte* row) override {
-    if (is_npy(member)) {
+    if (member.encoding == MemberEncoding::kArray) {
+      write_typed(member, "an array", member.dtype, c10::IntArrayRef(member.shape, member.ndim),
+                  member.data, member.size, row);
+    } else if (is_npy(member)) {
       write_npy(member, row);
     } else {
       write_list(member, row);
@@ -119,46 +122,54 @@ class ArrayWriter final : public FieldWriter {
     } catch (const std::exception& e) {
       throw error(member, std::string("is not a readable .npy: ") + e.what());
     }
-    if (a.dtype != spec_.dtype) {
-      throw error(member, std::string("holds ") + c10::toString(a.dtype) + ", not the declared " +
+    write_typed(member, "an .npy", a.dtype, a.shape, a.data, a.bytes, row);
+  }
+
+  // An array of `dtype` and `shape` (an .npy's, a MemberReader's), `bytes` of it at `data`.
+  void write_typed(const Member& member, const char* what, c10::ScalarType dtype,
+                   c10::IntArrayRef shape, const uint8_t* data, size_t bytes, std::byte* row) {
+    if (dtype != spec_.dtype) {
+      throw error(member, std::string("holds ") + c10::toString(dtype) + ", not the declared " +
                               c10::toString(spec_.dtype));
     }
-    if (multi_hot_)
-      throw error(member, "is an .npy, and a multi_hot field reads a list of indices");
+    if (multi_hot_) {
+      throw error(member,
+                  std::string("is ") + what + ", and a multi_hot field reads a list of indices");
+    }
     if (!spec_.ragged()) {
-      if (a.shape != spec_.sample_shape) {
-        throw error(member, "has shape " + shape_text(a.shape) + ", not the declared " +
+      if (!shape.equals(spec_.sample_shape)) {
+        throw error(member, "has shape " + shape_text(shape) + ", not the declared " +
                                 shape_text(spec_.sample_shape));
       }
-      std::memcpy(row, a.data, a.bytes);
+      std::memcpy(row, data, bytes);
       return;
     }
     // A ragged field of shape [-1] takes an array of any shape, flattened (its items are the
     // elements); otherwise the items' shape is the declared one.
-    size_t items = a.bytes / c10::elementSize(a.dtype);
+    size_t items = bytes / c10::elementSize(dtype);
     if (!spec_.sample_shape.empty()) {
-      const std::vector<int64_t> item(a.shape.empty() ? a.shape.begin() : a.shape.begin() + 1,
-                                      a.shape.end());
-      if (a.shape.empty() || item != spec_.sample_shape) {
-        throw error(member, "has shape " + shape_text(a.shape) + ", not the declared " +
+      if (shape.empty() || !shape.slice(1).equals(spec_.sample_shape)) {
+        throw error(member, "has shape " + shape_text(shape) + ", not the declared " +
                                 shape_text(declared_));
       }
-      items = static_cast<size_t>(a.shape[0]);
+      items = static_cast<size_t>(shape[0]);
     }
     if (items > spec_.max_items) {
-      throw error(member, "holds " + std::to_string(items) + " items (" + std::to_string(a.bytes) +
+      throw error(member, "holds " + std::to_string(items) + " items (" + std::to_string(bytes) +
                               " bytes), over the field's bound of " +
                               std::to_string(spec_.max_items) + " items (max_bytes " +
                               std::to_string(spec_.max_items * spec_.item_bytes()) + ")");
     }
     RaggedRow out(row);
-    if (a.bytes > 0) std::memcpy(out.items(), a.data, a.bytes);
+    if (bytes > 0) std::memcpy(out.items(), data, bytes);
     out.set_count(static_cast<int64_t>(items));
   }
 
   void write_list(const Member& member, std::byte* row) {
     if (member.encoding == MemberEncoding::kInteger) {
       values_.assign(1, static_cast<double>(member.integer));
+    } else if (member.encoding == MemberEncoding::kFloating) {
+      values_.assign(1, member.floating);
     } else {
       const std::string_view text(reinterpret_cast<const char*>(member.data), member.size);
       const size_t item_values = spec_.item_bytes() / c10::elementSize(spec_.dtype);

@@ -1,6 +1,9 @@
 // Field (conveyor/fields.h): each kind's description and layout, and the table from kind to writer.
+#include <array>
+#include <charconv>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -142,8 +145,45 @@ namespace detail {
 std::string field_label(const std::string& name) { return "field \"" + printable(name) + "\""; }
 
 std::string member_text(const Member& member) {
-  if (member.encoding == MemberEncoding::kInteger) return std::to_string(member.integer);
+  if (member.encoding == MemberEncoding::kInteger || member.encoding == MemberEncoding::kFloating) {
+    return number_text(member);
+  }
+  if (member.encoding == MemberEncoding::kArray) return member_kind(member);
   return quoted(std::string_view(reinterpret_cast<const char*>(member.data), member.size));
+}
+
+std::string number_text(const Member& member) {
+  if (member.encoding == MemberEncoding::kInteger) return std::to_string(member.integer);
+  std::array<char, 32> text{};
+  const auto [end, error] = std::to_chars(text.data(), text.data() + text.size(), member.floating);
+  if (error != std::errc()) return std::to_string(member.floating);
+  return std::string(text.data(), end);
+}
+
+std::string member_kind(const Member& member) {
+  switch (member.encoding) {
+    case MemberEncoding::kInteger:
+      return "the integer " + number_text(member);
+    case MemberEncoding::kFloating:
+      return "the number " + number_text(member);
+    case MemberEncoding::kArray: {
+      std::string shape = "[";
+      for (size_t i = 0; i < member.ndim; ++i) {
+        shape += (i ? ", " : "") + std::to_string(member.shape[i]);
+      }
+      return std::string("an array of ") + c10::toString(member.dtype) + " " + shape + "]";
+    }
+    case MemberEncoding::kJson:
+      return "the JSON value " + member_text(member);
+    case MemberEncoding::kFile:
+      break;
+  }
+  return "a file of " + std::to_string(member.size) + " bytes";
+}
+
+void throw_unreadable(const std::string& name, const Member& member, const std::string& wanted) {
+  throw std::runtime_error(field_label(name) + ": member \"" + printable(member.name) + "\" is " +
+                           member_kind(member) + ", not " + wanted);
 }
 
 std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Field& field,

@@ -50,6 +50,18 @@ std::string field_label(const std::string& name);
 // for messages: printable and bounded.
 std::string member_text(const Member& member);
 
+// What a member is, for messages: "a file of 12 bytes", "the integer 3", "the number 0.5",
+// "an array of float [3, 4]".
+std::string member_kind(const Member& member);
+
+// Throws `field "NAME": member "M" is KIND, not WANTED` (a member the field cannot read: a
+// MemberReader's array given to an image field, say).
+[[noreturn]] void throw_unreadable(const std::string& name, const Member& member,
+                                   const std::string& wanted);
+
+// A kInteger or kFloating member's value as the shortest decimal text that reads back as it.
+std::string number_text(const Member& member);
+
 // Each kind's writer (one file each).
 std::unique_ptr<FieldWriter> make_image_writer(const std::string& name, const Field& field);
 std::unique_ptr<FieldWriter> make_integer_writer(const std::string& name);

@@ -16,8 +16,7 @@ class ImageFieldWriter final : public FieldWriter {
 
   void write(const Member& member, const SampleContext& ctx, std::byte* row) override {
     if (member.encoding != MemberEncoding::kFile) {
-      throw std::runtime_error(field_label(name_) + ": member \"" + std::string(member.name) +
-                               "\" is not an image file");
+      throw_unreadable(name_, member, "an image file (decoded pixels are an array field's)");
     }
     writer_.write(member.data, member.size, ctx, row);
   }

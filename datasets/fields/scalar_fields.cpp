@@ -7,6 +7,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 
 #include "fields/field_writer.h"
 
@@ -31,6 +32,12 @@ std::string_view trimmed(const Member& member) {
 template <typename T>
 T parse_scalar(const std::string& name, const Member& member, const char* what) {
   if (member.encoding == MemberEncoding::kInteger) return static_cast<T>(member.integer);
+  if (member.encoding == MemberEncoding::kFloating) {
+    // A floating field takes it; an integer field refuses it rather than round it.
+    if constexpr (std::is_floating_point_v<T>) return static_cast<T>(member.floating);
+    throw_unreadable(name, member, what);
+  }
+  if (member.encoding == MemberEncoding::kArray) throw_unreadable(name, member, what);
   if (member.size > kMaxScalarBytes) {
     throw std::runtime_error(field_label(name) + ": member \"" + std::string(member.name) +
                              "\" is " + std::to_string(member.size) + " bytes, not " + what);

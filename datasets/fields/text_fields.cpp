@@ -1,6 +1,7 @@
 // The bytes, text and json fields (conveyor/fields.h): ragged uint8 rows, host_only. Bytes are
 // the member as it is; text is checked UTF-8 (a JSON Lines cell's string unquoted); json is a
 // checked JSON value's text (well formed, nested at most Field::kMaxJsonDepth).
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -62,21 +63,28 @@ void write_bytes(const std::string& name, const FieldSpec& spec, const Member& m
   out.set_count(static_cast<int64_t>(size));
 }
 
-// A number the kind knows (an ImageFolder's class), as its decimal text.
-void write_integer(const std::string& name, const FieldSpec& spec, const Member& member,
-                   std::byte* row) {
-  const std::string text = std::to_string(member.integer);
+bool is_number(const Member& member) {
+  return member.encoding == MemberEncoding::kInteger ||
+         member.encoding == MemberEncoding::kFloating;
+}
+
+// A number the kind knows (an ImageFolder's class, a reader's float), as its decimal text.
+void write_number(const std::string& name, const FieldSpec& spec, const Member& member,
+                  std::byte* row) {
+  const std::string text = number_text(member);
   write_bytes(name, spec, member, reinterpret_cast<const uint8_t*>(text.data()), text.size(), row);
 }
 
 class BytesWriter final : public FieldWriter {
  public:
+  static constexpr const char* kWanted = "bytes";
   BytesWriter(std::string name, FieldSpec spec) : name_(std::move(name)), spec_(std::move(spec)) {}
   void write(const Member& member, const SampleContext&, std::byte* row) override {
-    if (member.encoding == MemberEncoding::kInteger) {
-      write_integer(name_, spec_, member, row);
+    if (is_number(member)) {
+      write_number(name_, spec_, member, row);
       return;
     }
+    if (member.encoding == MemberEncoding::kArray) throw_unreadable(name_, member, kWanted);
     write_bytes(name_, spec_, member, member.data, member.size, row);
   }
 
@@ -87,12 +95,14 @@ class BytesWriter final : public FieldWriter {
 
 class TextWriter final : public FieldWriter {
  public:
+  static constexpr const char* kWanted = "text";
   TextWriter(std::string name, FieldSpec spec) : name_(std::move(name)), spec_(std::move(spec)) {}
   void write(const Member& member, const SampleContext&, std::byte* row) override {
-    if (member.encoding == MemberEncoding::kInteger) {
-      write_integer(name_, spec_, member, row);
+    if (is_number(member)) {
+      write_number(name_, spec_, member, row);
       return;
     }
+    if (member.encoding == MemberEncoding::kArray) throw_unreadable(name_, member, kWanted);
     if (member.encoding == MemberEncoding::kJson) {
       // A JSON Lines cell: a string is its text; another value (a number) is its JSON text.
       const std::string_view cell(reinterpret_cast<const char*>(member.data), member.size);
@@ -121,12 +131,17 @@ class TextWriter final : public FieldWriter {
 
 class JsonWriter final : public FieldWriter {
  public:
+  static constexpr const char* kWanted = "JSON text";
   JsonWriter(std::string name, FieldSpec spec) : name_(std::move(name)), spec_(std::move(spec)) {}
   void write(const Member& member, const SampleContext&, std::byte* row) override {
-    if (member.encoding == MemberEncoding::kInteger) {
-      write_integer(name_, spec_, member, row);
+    if (member.encoding == MemberEncoding::kFloating && !std::isfinite(member.floating)) {
+      throw_unreadable(name_, member, "a JSON number (JSON has no NaN or infinity)");
+    }
+    if (is_number(member)) {
+      write_number(name_, spec_, member, row);
       return;
     }
+    if (member.encoding == MemberEncoding::kArray) throw_unreadable(name_, member, kWanted);
     // The bound first: a value over it is refused before it is parsed.
     if (member.size > spec_.max_items) {
       write_bytes(name_, spec_, member, member.data, member.size, row);  // throws

@@ -37,9 +37,11 @@ namespace detail {
 
 // What a member's bytes are.
 enum class MemberEncoding {
-  kFile,     // a file's bytes as they are (a shard member, an image file, a CSV or TSV cell)
-  kJson,     // the text of one JSON value (a JSON Lines cell)
-  kInteger,  // no bytes: `integer` is the value (a class the kind knows)
+  kFile,      // a file's bytes as they are (a shard member, an image file, a CSV or TSV cell)
+  kJson,      // the text of one JSON value (a JSON Lines cell)
+  kInteger,   // no bytes: `integer` is the value (a class the kind knows)
+  kFloating,  // no bytes: `floating` is the value (a MemberReader's number)
+  kArray,     // `size` bytes of `dtype` in C order, of shape shape[0..ndim) (a MemberReader's)
 };
 
 struct Member {
@@ -47,7 +49,11 @@ struct Member {
   MemberEncoding encoding = MemberEncoding::kFile;
   const uint8_t* data = nullptr;
   size_t size = 0;
-  int64_t integer = 0;  // kInteger
+  int64_t integer = 0;                            // kInteger
+  double floating = 0;                            // kFloating
+  c10::ScalarType dtype = c10::ScalarType::Byte;  // kArray
+  const int64_t* shape = nullptr;                 // kArray: ndim dimensions
+  size_t ndim = 0;
 };
 
 // One sample's members, as read() gives them; reused by each worker (no allocation once warm).
@@ -73,6 +79,28 @@ inline void image_members(SampleMembers& out, const uint8_t* image, size_t size,
 }
 
 }  // namespace detail
+
+// A MemberList's members: added at offsets into `out`'s buffer and names, then made Members by
+// finish(), once no add can move the bytes any more.
+struct MemberList::Contents {
+  struct Added {
+    size_t name_begin = 0, name_size = 0;
+    detail::MemberEncoding encoding = detail::MemberEncoding::kFile;
+    size_t data_begin = 0, size = 0;
+    int64_t integer = 0;
+    double floating = 0;
+    c10::ScalarType dtype = c10::ScalarType::Byte;
+    size_t shape_begin = 0, ndim = 0;
+  };
+  detail::SampleMembers* out = nullptr;  // set by begin()
+  std::vector<Added> added;
+  std::vector<int64_t> shapes;
+
+  // Empties `members` and directs the adds to it.
+  void begin(detail::SampleMembers& members);
+  // Makes out->members view what was added.
+  void finish();
+};
 
 class FieldSource::Kind {
  public:

@@ -146,6 +146,10 @@ bool BatchFiller::write_with_policy(size_t worker, size_t row, size_t index, std
     source_.write_sample(ctx, rows);
     meta.indices[row] = index;
     return true;
+  } catch (const LoadingInterrupted&) {  // the user's code asked to stop: never skipped
+    errors_.fetch_add(1);
+    record_failure(meta, row, index, std::current_exception());
+    return false;
   } catch (...) {
     errors_.fetch_add(1);
     std::exception_ptr error = std::current_exception();
@@ -161,6 +165,10 @@ bool BatchFiller::write_with_policy(size_t worker, size_t row, size_t index, std
           source_.write_sample(ctx, rows);
           meta.indices[row] = ctx.index;
           return true;
+        } catch (const LoadingInterrupted&) {
+          errors_.fetch_add(1);
+          record_failure(meta, row, ctx.index, std::current_exception());
+          return false;
         } catch (...) {
           errors_.fetch_add(1);
         }

@@ -46,8 +46,11 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
+
+#include <c10/util/ArrayRef.h>
 
 #include "conveyor/sample_source.h"
 
@@ -110,6 +113,66 @@ struct ManifestOptions {
   std::shared_ptr<const Storage> storage;
 };
 
+// One sample's members as a MemberReader gives them (FieldSource::from_reader): each a name,
+// matched to a field's keys without case ("jpg", "cls"), and a value, copied in. A field reads
+// them as it reads a shard's members: bytes as a file's bytes (an encoded image, UTF-8 text, an
+// .npy file, decimal text), an integer or a floating value as a number (an integer field refuses
+// a floating one; a floating field takes both), an array by its dtype and shape (an array
+// field's rules for an .npy apply: the declared dtype, the declared or ragged shape).
+// Reused from sample to sample: once its buffers have grown to a sample's size, filling it
+// allocates nothing. Not thread-safe: one per worker.
+class MemberList {
+ public:
+  // The most dimensions of an array member.
+  static constexpr size_t kMaxArrayDims = 64;
+
+  MemberList();
+  ~MemberList();
+  MemberList(const MemberList&) = delete;
+  MemberList& operator=(const MemberList&) = delete;
+
+  // Each adds the member `name` (1 to 255 bytes; a name added twice: the first is read).
+  // Throws std::invalid_argument naming the member for a name out of bounds.
+  void add_bytes(std::string_view name, const void* data, size_t size);
+  void add_integer(std::string_view name, int64_t value);
+  void add_floating(std::string_view name, double value);
+  // An array of `dtype` and `shape` in C order and the machine's byte order, of
+  // product(shape) * elementSize(dtype) bytes; returns where they go, for the caller to fill
+  // before the next add (a strided copy straight into the list). Throws std::invalid_argument
+  // naming the member for more than kMaxArrayDims dimensions, a negative dimension, or bytes
+  // that overflow.
+  std::byte* add_array(std::string_view name, c10::ScalarType dtype, c10::IntArrayRef shape);
+  // Drops every member (the reader's read() starts from an empty list).
+  void clear();
+  size_t size() const;
+
+  // Where the members go (build-only: datasets/sources/sample_kind.h).
+  struct Contents;
+  Contents& contents() { return *contents_; }
+
+ private:
+  std::unique_ptr<Contents> contents_;
+};
+
+// Where a FieldSource::from_reader source's samples come from: code of the user's (a C++ store,
+// a Python dataset's __getitem__: python/src/dataset_reader.cpp) that gives sample i's members;
+// the fields decode and write them on the loader's workers.
+// Requires: size() fixed while a loader reads; read() safe to call from the loader's workers at
+// once (ctx.worker < the prepare()d count tells them apart).
+class MemberReader {
+ public:
+  virtual ~MemberReader() = default;
+  virtual size_t size() const = 0;
+  // Called before a loader's first read(), with its number of workers.
+  virtual void prepare(size_t workers) { (void)workers; }
+  // Sample ctx.index's members into `out` (empty on entry). Throws a std::runtime_error saying
+  // what went wrong (the loader adds the index and describe()), or LoadingInterrupted to stop the
+  // loader whatever its ErrorPolicy.
+  virtual void read(const SampleContext& ctx, MemberList& out) = 0;
+  // A name for sample `index` in errors and skip lists; the default: "sample INDEX".
+  virtual std::string describe(size_t index) const;
+};
+
 // Samples as named fields (see above), from WebDataset shards or a manifest. Per-worker state
 // (decoders, read buffers), the worker rules and the errors are SampleSource's
 // (conveyor/datasets.h).
@@ -134,6 +197,12 @@ class FieldSource : public SampleSource {
   // without a column that a field uses, a manifest of no rows.
   static std::unique_ptr<FieldSource> manifest(const std::filesystem::path& path, Fields fields,
                                                const ManifestOptions& options = ManifestOptions());
+
+  // The samples a MemberReader gives (the user's own storage): size() is the reader's; each
+  // field reads its member from what read() added. Throws std::invalid_argument for a null
+  // reader.
+  static std::unique_ptr<FieldSource> from_reader(std::shared_ptr<MemberReader> reader,
+                                                  Fields fields);
 
   // Where a sample's members come from (build-only: datasets/sources/sample_kind.h).
   class Kind;

@@ -16,6 +16,7 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -106,6 +107,14 @@ struct ImageTransform {
 
   static ImageTransform train(int size = 224);
   static ImageTransform eval(int size = 224, int resize = 256);
+};
+
+// Thrown by a source to stop its loader whatever the ErrorPolicy (the user's code asked to stop:
+// a Python dataset's __getitem__ raised KeyboardInterrupt or SystemExit). The loader never
+// skips or substitutes the sample: the batch fails with a SampleError whose original() is this.
+class LoadingInterrupted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
 };
 
 class SampleSource {
