@@ -326,6 +326,12 @@ def test_a_pil_image_is_refused_with_advice():
         list(conveyor.DataLoader(data, batch_size=4, num_workers=1))
 
 
+def test_a_str_that_is_not_utf8_is_a_sample_error():
+    data = conveyor.from_dataset(Returning("\ud800"), fields={"l": conveyor.Int("cls")})
+    with pytest.raises(conveyor.SampleError, match="UnicodeEncodeError.*surrogates"):
+        list(conveyor.DataLoader(data, batch_size=4, num_workers=1))
+
+
 def test_an_int_outside_int64_names_the_member():
     data = conveyor.from_dataset(Returning(2**64), fields={"l": conveyor.Int("cls")})
     with pytest.raises(conveyor.SampleError, match="member 'jpg' is the int 18446744073709551616, "
