@@ -31,7 +31,8 @@ if _torch.__version__.split("+")[0] != _TORCH_BUILT_AGAINST:
 from . import _C  # noqa: E402  (after the torch check: the extension links this torch)
 from ._errors import SampleError  # noqa: E402
 from .datasets import (Dataset, FileList, ImageFolder, JpegBytes, Manifest,  # noqa: E402
-                       PatternDataset, TarShards, expand_shard_braces, tar_shards)
+                       PatternDataset, TarShards, UserDataset, expand_shard_braces,
+                       from_dataset, tar_shards)
 from .fields import (Array, Bytes, Field, FieldBatch, Float, Image, Int, Json,  # noqa: E402
                      Text)
 from .loader import Batch, DataLoader  # noqa: E402
@@ -87,7 +88,7 @@ def cuda_available() -> bool:
 __all__ = [
     "DataLoader", "Batch", "SampleError",
     "Dataset", "ImageFolder", "FileList", "JpegBytes", "TarShards", "tar_shards",
-    "PatternDataset", "expand_shard_braces", "Manifest",
+    "PatternDataset", "expand_shard_braces", "Manifest", "UserDataset", "from_dataset",
     "Field", "Image", "Int", "Float", "Array", "Bytes", "Text", "Json", "FieldBatch",
     "Sampler", "SequentialSampler", "RandomSampler", "DistributedSampler",
     "Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "train_transform",

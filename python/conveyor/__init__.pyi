@@ -155,6 +155,16 @@ class Manifest(Dataset):
     def __init__(self, path: Union[str, os.PathLike], fields: Mapping[str, Field],
                  format: Optional[str] = ...) -> None: ...
 
+class UserDataset(Dataset):
+    dataset: Any
+    fields: Dict[str, Field]
+    names: Optional[Tuple[str, ...]]
+    def __init__(self, dataset: Any, fields: Mapping[str, Field],
+                 names: Optional[Sequence[str]] = ...) -> None: ...
+
+def from_dataset(dataset: Any, fields: Mapping[str, Field],
+                 names: Optional[Sequence[str]] = ...) -> UserDataset: ...
+
 class PatternDataset(Dataset):
     def __init__(self, size: int, sample_bytes: int = ...) -> None: ...
     @staticmethod

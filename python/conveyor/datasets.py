@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+import weakref
+from typing import Any, Callable, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _C, _options
 from .fields import Field, _cpp_fields
 from .transforms import Transform, train_transform
 
 __all__ = ["Dataset", "ImageFolder", "FileList", "JpegBytes", "TarShards", "tar_shards", "Manifest",
-           "PatternDataset", "expand_shard_braces"]
+           "UserDataset", "from_dataset", "PatternDataset", "expand_shard_braces"]
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -43,6 +44,10 @@ class Dataset:
         self._make = make
         self.transform = transform
         self._source = make()  # opened now, so that a bad path fails here
+
+    def _reader(self, source: "_C.Source") -> Optional["_C.DatasetReader"]:
+        """The Python dataset reader behind ``source`` (UserDataset's), or None."""
+        return None
 
     def _claim(self) -> "_C.Source":
         """The engine source for a new loader: this one, or a fresh one if a live loader holds it."""
@@ -294,6 +299,92 @@ class Manifest(Dataset):
     def __repr__(self) -> str:
         return (f"conveyor.Manifest({self.path!r}, {len(self)} samples, "
                 f"fields={list(self.fields)})")
+
+
+class UserDataset(Dataset):
+    """The user's own map-style dataset as named fields: see :func:`from_dataset`."""
+
+    def __init__(self, dataset: Any, fields: Mapping[str, Field],
+                 names: Optional[Sequence[str]] = None) -> None:
+        import torch.utils.data
+        if isinstance(dataset, Dataset):
+            raise ValueError(f"conveyor: from_dataset takes your own map-style dataset; "
+                             f"{type(dataset).__qualname__} is a Conveyor dataset already: give "
+                             f"it to conveyor.DataLoader as it is")
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            raise ValueError(
+                f"conveyor: from_dataset takes a map-style dataset (__getitem__ and __len__), "
+                f"not the IterableDataset {type(dataset).__qualname__}: the loader's order, "
+                f"augmentation and state_dict resume are functions of (seed, epoch, index), and "
+                f"an iterator has no index to resume at. For WebDataset shards use "
+                f"conveyor.tar_shards(..., fields=...); otherwise give a map-style view of the "
+                f"data (docs/python.md, \"Your own dataset\")")
+        if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+            raise ValueError(f"conveyor: from_dataset takes a map-style dataset (with "
+                             f"__getitem__ and __len__), not {type(dataset).__qualname__}")
+        if names is not None:
+            if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(f"conveyor: from_dataset names= must be a list of non-empty "
+                                 f"str (one per item of a sample tuple), not {names!r}")
+            names = tuple(names)
+            if len(set(n.lower() for n in names)) != len(names):
+                raise ValueError(f"conveyor: from_dataset names= lists a name twice (names are "
+                                 f"matched without case): {list(names)}")
+        #: The user's dataset, as given.
+        self.dataset = dataset
+        #: The fields of each sample (a dict).
+        self.fields = dict(fields)
+        #: The members of a sample tuple, in order (None: samples are dicts).
+        self.names = names
+        cpp_fields = _cpp_fields(self.fields)
+        name_list = list(names or ())
+        self._readers: "weakref.WeakKeyDictionary[_C.Source, _C.DatasetReader]" = \
+            weakref.WeakKeyDictionary()
+
+        def make() -> "_C.Source":
+            source, reader = _C.from_dataset(dataset, cpp_fields, name_list)
+            self._readers[source] = reader
+            return source
+
+        super().__init__(make, None)
+
+    def _reader(self, source: "_C.Source") -> Optional["_C.DatasetReader"]:
+        return self._readers.get(source)
+
+    def __repr__(self) -> str:
+        return (f"conveyor.from_dataset({type(self.dataset).__qualname__}, {len(self)} samples, "
+                f"fields={list(self.fields)})")
+
+
+def from_dataset(dataset: Any, fields: Mapping[str, Field],
+                 names: Optional[Sequence[str]] = None) -> UserDataset:
+    """Your own map-style dataset (``torch.utils.data.Dataset``, ``Subset``, ``ConcatDataset``,
+    a list: anything with ``__getitem__`` and ``__len__``) as named fields, decoded by the
+    engine::
+
+        class Photos(torch.utils.data.Dataset):
+            def __len__(self): return self.db.count()
+            def __getitem__(self, i): return {"jpg": self.db.get_bytes(i), "cls": self.db.label(i)}
+
+        data = conveyor.from_dataset(Photos(db), fields={
+            "image": conveyor.Image("jpg", transform=conveyor.RandomResizedCrop(224, flip=True)),
+            "label": conveyor.Int("cls")})
+        loader = conveyor.DataLoader(data, batch_size=256, num_workers=16, shuffle=True)
+
+    ``dataset[i]`` returns a dict of members (or a tuple or list, whose items ``names`` names),
+    each matched to the fields' keys without case: ``bytes`` (an encoded image, any file), ``str``
+    (UTF-8), ``int``, ``float``, numpy arrays and scalars and tensors (an Array field's; a 0-d one
+    is a number), and lists or dicts (their ``json.dumps`` text: Json, multi-hot Array and Array
+    fields read them as a JSON Lines manifest's cells). A worker takes the GIL only to call
+    ``__getitem__`` and copy what it returned; decoding, transforms and writing the batch run
+    without it. ``loader.stats()["gil"]`` says how much of the workers' time the GIL took.
+
+    A ``__getitem__`` that raises goes through the loader's ``on_error``: a SampleError naming
+    the index with the traceback in its message and the exception as ``__cause__``, or a counted
+    skip. KeyboardInterrupt and SystemExit are never skipped: the loader raises them as they are.
+    An ``IterableDataset`` is refused (resume needs an index): see docs/python.md.
+    """
+    return UserDataset(dataset, fields, names)
 
 
 class PatternDataset(Dataset):

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 
 from . import _C, _options
+from ._errors import SampleError
 from .datasets import Dataset
 from .fields import FieldBatch, make_field_batch
 from .samplers import DistributedSampler, RandomSampler, Sampler, SequentialSampler, from_torch
@@ -132,9 +133,10 @@ class DataLoader:
     tensors there, text as ``list[str]``, JSON as parsed values (docs/fields.md).
 
     Arguments (torch.utils.data.DataLoader's names where the meaning is the same):
-        dataset: a Conveyor dataset (ImageFolder, FileList, JpegBytes, tar_shards, Manifest). A
-            torch.utils.data.Dataset is refused: its Python __getitem__ would serialize the
-            workers on the GIL (docs/python.md).
+        dataset: a Conveyor dataset (ImageFolder, FileList, JpegBytes, tar_shards, Manifest,
+            from_dataset). A torch.utils.data.Dataset itself is refused: its whole Python
+            __getitem__ (decode included) would serialize the workers on the GIL; wrap it in
+            conveyor.from_dataset, whose __getitem__ returns encoded bytes (docs/python.md).
         batch_size: samples per batch (default 1).
         shuffle: a new permutation every epoch, a pure function of (seed, epoch).
         sampler: conveyor.SequentialSampler, RandomSampler or DistributedSampler (torch's
@@ -191,11 +193,12 @@ class DataLoader:
             if isinstance(dataset, torch.utils.data.Dataset) or hasattr(dataset, "__getitem__"):
                 raise ValueError(
                     f"conveyor: DataLoader takes a Conveyor dataset (conveyor.ImageFolder, "
-                    f"FileList, JpegBytes, tar_shards), not the Python dataset "
-                    f"{type(dataset).__qualname__}: its __getitem__ would run one sample at a "
-                    f"time under the GIL. Point conveyor.ImageFolder/FileList at the JPEG files "
-                    f"(conveyor-prepare turns other layouts into tar shards), or keep "
-                    f"torch.utils.data.DataLoader for this dataset")
+                    f"FileList, JpegBytes, tar_shards, Manifest), not the Python dataset "
+                    f"{type(dataset).__qualname__}. Wrap it: conveyor.from_dataset(dataset, "
+                    f"fields={{\"image\": conveyor.Image(\"jpg\"), \"label\": "
+                    f"conveyor.Int(\"cls\")}}) makes its __getitem__ return the encoded bytes and "
+                    f"values, and the engine decodes them without the GIL (docs/python.md, "
+                    f"\"Your own dataset\")")
             raise ValueError(f"conveyor: DataLoader dataset must be a Conveyor dataset, not "
                              f"{type(dataset).__qualname__}")
         _refuse("batch_sampler", batch_sampler, "use batch_size, sampler and drop_last")
@@ -247,7 +250,10 @@ class DataLoader:
             gpu_decode=_C.GpuDecode.parse(str(gpu_decode)))  # its texts, or a share
         self.dataset = dataset
         self.sampler = sampler
-        self._cpp = _C.Loader(dataset._claim(), options, **sampler._spec(seed))
+        source = dataset._claim()
+        # A from_dataset source's reader: its GIL time, and the exceptions __getitem__ raised.
+        self._reader = dataset._reader(source)
+        self._cpp = _C.Loader(source, options, **sampler._spec(seed))
         self._generation = 0
         _live_loaders.add(self)
 
@@ -357,8 +363,27 @@ class DataLoader:
     def stats(self) -> Dict[str, Any]:
         """batches, samples, skipped, errors, skipped_samples (the first 1000: index, path,
         message, epoch), fill_seconds (worker time), wait_seconds (the loop's waits),
-        copy_issue_seconds, slot_states, copies_to_host."""
-        return self._cpp.stats()
+        copy_issue_seconds, slot_states, copies_to_host. A ``conveyor.from_dataset`` dataset's
+        loader adds "gil": {"held_seconds", "wait_seconds", "calls", "share"}: the workers' time
+        holding the GIL (in ``__getitem__`` and copying what it returned) and waiting to take
+        it, the ``__getitem__`` calls, and share = held_seconds / fill_seconds."""
+        stats = self._cpp.stats()
+        if self._reader is not None:
+            gil = self._reader.gil()
+            fill = stats["fill_seconds"]
+            gil["share"] = gil["held_seconds"] / fill if fill > 0 else 0.0
+            stats["gil"] = gil
+        return stats
+
+    def _raise_from_dataset(self, error: SampleError) -> None:
+        """``error`` came from a from_dataset dataset's __getitem__: raises it with the Python
+        exception as its __cause__, or a KeyboardInterrupt or SystemExit as itself."""
+        cause = self._reader.take_error(error.index) if self._reader is not None else None
+        if cause is None:
+            return
+        if not isinstance(cause, Exception):
+            raise cause
+        raise error from cause
 
     def __repr__(self) -> str:
         if self._cpp.closed:
@@ -387,7 +412,11 @@ class _EpochIterator:
         if loader._generation != self._generation:
             raise RuntimeError("conveyor: this iterator belongs to an earlier epoch, which a later "
                                "iter(loader) replaced")
-        out = loader._cpp.next()
+        try:
+            out = loader._cpp.next()
+        except SampleError as error:
+            loader._raise_from_dataset(error)
+            raise
         if out is None:
             raise StopIteration
         fields = getattr(loader.dataset, "fields", None)

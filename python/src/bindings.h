@@ -67,6 +67,11 @@ void bind_fields(py::module_& m);
 
 void bind_options(py::module_& m);
 
+// Binds from_dataset (the user's own map-style dataset as named fields: a Source and its
+// DatasetReader, whose gil() times the GIL and take_error(index) gives back the exception that
+// __getitem__ raised) (dataset_reader.cpp). Requires the Source class bound on `m`.
+void bind_dataset_reader(py::module_& m);
+
 // Converts the loader's checkpoint (DataLoader::state(), a LoaderState) to a dict of Python ints
 // and strings, and back (state_dict.cpp), without a torch archive. load_state() throws ValueError
 // naming the key whose value is not an int (of 64 bits), bool, str or list of ints, and the

@@ -341,7 +341,9 @@ std::shared_ptr<SampleSource> Source::claim(const std::shared_ptr<const void>& o
 
 }  // namespace conveyor::python
 
-PYBIND11_MODULE(_C, m) {
+// The module needs no GIL of its own (a free-threaded build runs it without one): its state is
+// the engine's, behind the engine's locks, and the dataset reader's, behind atomics and a mutex.
+PYBIND11_MODULE(_C, m, pybind11::mod_gil_not_used()) {
   namespace py = pybind11;
   using namespace conveyor::python;
   m.doc() = "Conveyor's C++ engine (use the `conveyor` package, not this module)";
@@ -374,6 +376,7 @@ PYBIND11_MODULE(_C, m) {
         }
         return d;
       });
+  bind_dataset_reader(m);
   m.def("image_folder", &image_folder, py::arg("root"), py::arg("transform"), py::arg("options"));
   m.def("file_list", &file_list, py::arg("list"), py::arg("transform"), py::arg("options"));
   m.def("in_memory", &in_memory, py::arg("jpegs"), py::arg("labels"), py::arg("transform"));
