@@ -196,9 +196,9 @@ class DataLoader:
                     f"FileList, JpegBytes, tar_shards, Manifest), not the Python dataset "
                     f"{type(dataset).__qualname__}. Wrap it: conveyor.from_dataset(dataset, "
                     f"fields={{\"image\": conveyor.Image(\"jpg\"), \"label\": "
-                    f"conveyor.Int(\"cls\")}}) makes its __getitem__ return the encoded bytes and "
-                    f"values, and the engine decodes them without the GIL (docs/python.md, "
-                    f"\"Your own dataset\")")
+                    f"conveyor.Int(\"cls\")}}), its __getitem__ returning the encoded bytes and "
+                    f"values (the engine decodes them without the GIL: docs/python.md, \"Your "
+                    f"own dataset\"), or keep torch.utils.data.DataLoader for it")
             raise ValueError(f"conveyor: DataLoader dataset must be a Conveyor dataset, not "
                              f"{type(dataset).__qualname__}")
         _refuse("batch_sampler", batch_sampler, "use batch_size, sampler and drop_last")

@@ -284,7 +284,13 @@ class PythonDatasetReader final : public MemberReader {
     PyObject* item = PyObject_GetItem(dataset_.ptr(), index.ptr());
     if (item == nullptr) raised(ctx.index);
     const py::object sample = py::reinterpret_steal<py::object>(item);
-    add_sample(sample.ptr(), out);
+    try {
+      add_sample(sample.ptr(), out);
+    } catch (const py::error_already_set& e) {
+      // A Python error reading a value (a str that is not UTF-8, a failing __index__): its text
+      // leaves with a plain exception, which a loader's thread may drop without the GIL.
+      throw std::runtime_error(std::string("reading what __getitem__ returned: ") + e.what());
+    }
   }
 
   std::string describe(size_t index) const override {
