@@ -29,21 +29,25 @@ import conveyor
 
 class Photos(torch.utils.data.Dataset):
     """A user's own dataset: table photos(id, jpg, cls) in SQLite. ``ds[i]`` is
-    ``{"jpg": the JPEG's bytes, "cls": its label}``. A sqlite3 connection is not to be shared
-    between threads, so each thread opens its own on first use (Conveyor calls __getitem__ from
-    its worker threads)."""
+    ``{"jpg": the JPEG's bytes, "cls": its label}``. A sqlite3 connection is not to be used from
+    two threads at once, so each thread opens its own on first use (Conveyor calls __getitem__
+    from its worker threads), kept by thread id under a lock: a threading.local would not last
+    from one call to the next (each call has a fresh Python thread state, docs/python.md)."""
 
     def __init__(self, path: Path) -> None:
         self.path = str(path)
-        self.local = threading.local()
+        self.connections = {}  # thread id -> its connection
+        self.lock = threading.Lock()
         with sqlite3.connect(self.path) as db:
             self.count = db.execute("SELECT COUNT(*) FROM photos").fetchone()[0]
 
     def connection(self) -> sqlite3.Connection:
-        if not hasattr(self.local, "db"):
-            self.local.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True,
-                                            check_same_thread=False)
-        return self.local.db
+        db = self.connections.get(threading.get_ident())
+        if db is None:
+            with self.lock:
+                db = self.connections[threading.get_ident()] = sqlite3.connect(
+                    f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        return db
 
     def __len__(self) -> int:
         return self.count

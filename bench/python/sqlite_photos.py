@@ -119,34 +119,36 @@ class Records:
 class SqlitePhotos(torch.utils.data.Dataset):
     """A user's own map-style Dataset over write_database's table: ``ds[i]`` is
     ``{"jpg": the JPEG's bytes, "cls": its label}``. Each thread (in each process) opens its own
-    read-only connection on first use: a sqlite3 connection is not to be used from two threads at
-    once. ``records_mb`` > 0 also holds Records of that size, and each read reads its share."""
+    read-only connection on first use, since a sqlite3 connection is not to be used from two
+    threads at once. The connections are kept by thread id under a lock, not in a
+    threading.local: conveyor.from_dataset calls __getitem__ with a fresh Python thread state each
+    time (docs/python.md), so a threading.local would open a connection per sample.
+    ``records_mb`` > 0 also holds Records of that size, and each read reads its share."""
 
     def __init__(self, db, records_mb: int = 0) -> None:
         self.db = str(db)
         with sqlite3.connect(f"file:{self.db}?mode=ro", uri=True) as c:
             self.count = c.execute("SELECT COUNT(*) FROM photos").fetchone()[0]
         self.records = Records(records_mb) if records_mb > 0 else None
-        self._local = threading.local()
-        self._opened = 0  # connections opened in this process (read by the bench)
+        self._connections = {}  # (process id, thread id) -> its connection
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self.count
 
     def _connection(self) -> sqlite3.Connection:
-        local = self._local
-        if getattr(local, "pid", None) != os.getpid():  # a forked worker opens its own too
-            local.connection = sqlite3.connect(f"file:{self.db}?mode=ro", uri=True,
-                                               check_same_thread=False)
-            local.pid = os.getpid()
+        key = (os.getpid(), threading.get_ident())  # a forked worker opens its own too
+        connection = self._connections.get(key)
+        if connection is None:
             with self._lock:
-                self._opened += 1
-        return local.connection
+                connection = self._connections[key] = sqlite3.connect(
+                    f"file:{self.db}?mode=ro", uri=True, check_same_thread=False)
+        return connection
 
     @property
     def connections_opened(self) -> int:
-        return self._opened
+        """Connections this process opened."""
+        return sum(pid == os.getpid() for pid, _ in self._connections)
 
     def __getitem__(self, i: int) -> dict:
         if not 0 <= i < self.count:
@@ -159,12 +161,12 @@ class SqlitePhotos(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict:  # a spawned worker opens its own connections
         state = dict(self.__dict__)
-        del state["_local"], state["_lock"]
+        del state["_connections"], state["_lock"]
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._local = threading.local()
+        self._connections = {}
         self._lock = threading.Lock()
 
 
