@@ -5,7 +5,8 @@
 # brings back: at most 8 files, at most 2 folders down, plain names), a step cut by its limit
 # (SKIPPED (deadline), exit 0), a failing or crashing test (exit 1), skips counted by reason and,
 # on a machine with a GPU, a skip saying GPU decode or CUDA could not start as a PROBLEM line,
-# memcheck's filter, leak check and "not supported", and why the Python step did not run.
+# memcheck's filter, leak check and "not supported", why the Python step did not run, and the
+# SQLite bench's figures (issue 36).
 # `scripts/gpu-check prove` runs the real binaries (DEVICE=cpu in a minimal Debian root).
 #   tests/gpu_check_test.sh SCRIPT     (SCRIPT: scripts/gpu-check)
 set -uo pipefail
@@ -228,6 +229,26 @@ has "pytest's skips" 'python: 2 skipped: no usable CUDA device here'
 has "CUDA not usable from Python on a GPU" 'PROBLEM: python: 2 tests skipped on a machine with a GPU'
 grep -q "PYTHONPATH=build-gpu-carry/python/cp312" "$tmp/out/python.log" ||
   fail "pytest did not get the carried cp312 package: $(cat "$tmp/out/python.log")"
+
+# 6. The SQLite bench (issue 36), when GPU_CHECK_STEPS names it: bench.py --sqlite with the carried
+# package, $WORKERS workers against 1 and against ImageFolder, its row and ratios in the summary;
+# a bench that fails makes the run red.
+cat >"$tmp/path/python3" <<'EOF'
+#!/usr/bin/env bash
+[ "$1" = -c ] && { echo cp312; exit 0; }
+echo "PYTHONPATH=$PYTHONPATH ARGS $*"
+echo "conveyor-sqlite             16     7012.5             31      0.412"
+echo "conveyor-sqlite@1            1      601.0             28      0.046"
+echo "conveyor-sqlite / conveyor-folder            0.950x  target >= 0.9x  (rounds: 0.950)"
+echo "conveyor-sqlite / conveyor-sqlite@1          11.668x  (rounds: 11.668)"
+exit "${SQLITE_BENCH_EXIT:-0}"
+EOF
+check DEVICE=cuda GPU_CHECK_STEPS=sqlite_bench -- 0
+has "the SQLite bench's figures" 'sqlite bench: ok \(conveyor-sqlite 16 7012.5 31 0.412;conveyor-sqlite / conveyor-folder 0.950x target >= 0.9x \(rounds: 0.950\);conveyor-sqlite / conveyor-sqlite@1 11.668x'
+grep -q "PYTHONPATH=build-gpu-carry/python/cp312 ARGS bench/python/bench.py --sqlite --sqlite-images 2000 --workers 16 .*--loaders conveyor-sqlite,conveyor-sqlite@1,conveyor-folder" "$tmp/out/python.log" ||
+  fail "the SQLite bench did not run as expected: $(cat "$tmp/out/python.log")"
+check DEVICE=cuda GPU_CHECK_STEPS=sqlite_bench SQLITE_BENCH_EXIT=1 -- 1
+has "a failing SQLite bench" 'sqlite bench: FAILED, exit 1'
 
 if [ "$failures" -ne 0 ]; then
   echo "gpu_check_test: $failures checks failed"

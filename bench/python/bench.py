@@ -42,6 +42,38 @@ conveyor-image (and indexed / indexed). Each run's samples are counted: a loader
 sample twice or misses one fails. Conveyor's runs also say where the time goes, from its stats:
 the workers' fill time and the loop's time outside waits (Python's: the batch's dict, its str
 and parsed JSON), per sample, over the whole run.
+
+`--sqlite` compares on the user's own dataset (issue 36): the photos (--data, else the mixed
+photo-like dataset of --sqlite-images, 1,500: held-out-like files of various sizes, a few percent
+gray, CMYK, progressive) written once as BLOBs with a label column into a SQLite database beside
+the folder (Python's sqlite3; bench/python/sqlite_photos.py), read back by a
+torch.utils.data.Dataset with one connection per thread:
+
+    PEERS/bin/python bench/python/bench.py --sqlite [--data DIR | --sqlite-images 1500]
+        [--loaders conveyor-sqlite,conveyor-sqlite@1,conveyor-folder,torch-sqlite]
+        [--workers 2] [--rounds 3] [--epochs 2] [--batch-size 256] [--json FILE]
+
+- conveyor-sqlite: `conveyor.from_dataset(SqlitePhotos(db), fields={"image": Image("jpg",
+  RandomResizedCrop 224 + flip), "label": Int("cls")})` in conveyor.DataLoader, --workers
+  threads; NAME@W runs it with W workers (conveyor-sqlite@1: the scaling's base);
+- conveyor-folder: conveyor.ImageFolder over the same files (the target: >= 0.9x of it);
+- torch-sqlite: PyTorch's DataLoader over the same Dataset decoding with PIL
+  (`Image.open(BytesIO).convert("RGB")`) and torchvision v2 RandomResizedCrop 224 + flip +
+  PILToTensor, --workers processes (the target: >= 2.5x of it); skipped, with the reason, where
+  torchvision is missing.
+Every run reads every sample once an epoch (checked) and is timed after its first --workers
+batches, the same samples for every loader; the ratios are medians of per-round ratios, and the
+conveyor-sqlite runs give the GIL held per sample and its share of the workers' time
+(stats()["gil"]).
+
+`--sqlite-memory` measures instead the peak PSS of each run's process tree (the process and its
+worker processes: /proc/PID/smaps_rollup's Pss summed, polled every 0.1 s) while the same Dataset
+holds a list of --records-mb (500) MB of small str objects and each sample reads its share of
+them, as a shuffled epoch over a "list of dicts" would (PyTorch's forked workers copy each page
+they read: its reference counts are written). Loaders conveyor-sqlite (--workers), torch-sqlite
+and torch-sqlite@8; 1 round unless --rounds:
+
+    PEERS/bin/python bench/python/bench.py --sqlite-memory [--records-mb 500] [--epochs 1]
 """
 
 from __future__ import annotations
@@ -407,10 +439,253 @@ def run_clip_webdataset(args):
     return {"samples": samples, "timed_samples": timed, "seconds": seconds}
 
 
+# ------------------------------------------------------------------------------------------------
+# The user's own dataset in SQLite (--sqlite, --sqlite-memory; issue 36). A loader's name may end
+# in @W: that run has W workers instead of --workers (conveyor-sqlite@1: the scaling's base).
+
+SQLITE_LOADERS = ["conveyor-sqlite", "conveyor-folder", "torch-sqlite"]
+SQLITE_ALL = ["conveyor-sqlite", "conveyor-sqlite@1", "conveyor-folder", "torch-sqlite"]
+# (numerator, denominator, target) of each reported ratio, the headline first.
+SQLITE_RATIOS = [("conveyor-sqlite", "torch-sqlite", 2.5),
+                 ("conveyor-sqlite", "conveyor-folder", 0.9),
+                 ("conveyor-sqlite", "conveyor-sqlite@1", None)]
+MEMORY_ALL = ["conveyor-sqlite", "torch-sqlite", "torch-sqlite@8"]
+
+
+def loader_workers(name, workers):
+    """(loader, workers) of a loader's name: NAME@W has W workers, NAME --workers."""
+    base, at, count = name.partition("@")
+    if base not in SQLITE_LOADERS or (at and not (count.isdigit() and int(count) > 0)):
+        raise ValueError(f"unknown loader {name!r} (known: {', '.join(SQLITE_LOADERS)}, each "
+                         f"optionally @WORKERS)")
+    return base, int(count) if at else workers
+
+
+def prepare_sqlite(args):
+    """--run sqlite-prepare: the photos (--data, else the mixed photo-like dataset of
+    --sqlite-images) and their database (--sqlite-db, else beside the folder), written once."""
+    import sqlite_photos
+
+    folder = Path(args.data) if args.data else sqlite_photos.mixed_photos(args.sqlite_images)
+    db = Path(args.sqlite_db) if args.sqlite_db else folder.with_name(folder.name + ".sqlite")
+    written = sqlite_photos.write_database(folder, db)
+    return {"folder": str(folder), **written, "db_bytes": db.stat().st_size}
+
+
+def check_images(images):
+    import torch
+
+    if images.dtype != torch.uint8 or tuple(images.shape[1:]) != (3, CROP, CROP):
+        raise ValueError(f"images are {images.dtype} {tuple(images.shape)}")
+
+
+def run_sqlite(args):
+    """--run NAME[@W] of --sqlite: one loader over the photos for --epochs epochs."""
+    import torch
+
+    import process_memory
+    import sqlite_photos
+
+    name, workers = loader_workers(args.run, args.workers)
+    before = process_memory.pss_kb(os.getpid())
+    photos = sqlite_photos.SqlitePhotos(args.sqlite_db, records_mb=args.records_mb)
+    result = {"workers": workers}
+    if photos.records is not None:  # what the list takes in this process before any worker
+        result["records"] = len(photos.records)
+        result["records_pss_mb"] = (process_memory.pss_kb(os.getpid()) - before) / 1024
+    if name == "torch-sqlite":
+        try:
+            dataset = sqlite_photos.PilDecoded(photos, CROP)
+        except ImportError as missing:
+            return {**result, "skipped": f"{missing.name} is not installed: PyTorch's run "
+                                         f"decodes with PIL and torchvision's v2 transforms "
+                                         f"(bench/python/setup-peers)"}
+        loader = torch.utils.data.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                                             num_workers=workers, persistent_workers=True,
+                                             prefetch_factor=2)
+        images = lambda batch: batch[0]  # noqa: E731
+    else:  # only Conveyor's runs import it: PyTorch's processes map what they would alone
+        import conveyor
+
+        crop = conveyor.RandomResizedCrop(CROP, flip=True)
+        if name == "conveyor-folder":
+            dataset = conveyor.ImageFolder(args.data, transform=crop)
+            images = lambda batch: batch[0]  # noqa: E731
+        else:
+            dataset = conveyor.from_dataset(photos, fields={
+                "image": conveyor.Image("jpg", transform=crop), "label": conveyor.Int("cls")})
+            images = lambda batch: batch["image"]  # noqa: E731
+        loader = conveyor.DataLoader(dataset, batch_size=args.batch_size, shuffle=True,
+                                     num_workers=workers, seed=0)
+    start = time.perf_counter()
+    # The same warm-up (--workers batches) for every run, so that each times the same samples.
+    samples, timed, seconds = timed_after_warmup(loader, args.epochs,
+                                                 lambda b: images(b).shape[0], args.workers,
+                                                 lambda b: check_images(images(b)))
+    result.update(samples=samples, timed_samples=timed, seconds=seconds,
+                  wall_seconds=time.perf_counter() - start)
+    if name == "conveyor-sqlite":
+        # Where the time goes, over every epoch: the workers' fill, the loop's waits, the GIL
+        # (held to call __getitem__ and copy what it returned), and the connections the
+        # workers opened (one per thread).
+        stats = loader.stats()
+        result.update(fill_seconds=stats["fill_seconds"], wait_seconds=stats["wait_seconds"],
+                      skipped=stats["skipped"], gil=stats.get("gil"),
+                      connections=photos.connections_opened)
+    return result
+
+
+def run_sqlite_one(name, args, prepared):
+    """One run of --sqlite or --sqlite-memory in a process of its own; with --sqlite-memory, the
+    peak PSS of its process tree (the process and its worker processes)."""
+    import process_memory
+
+    cmd = [sys.executable, __file__, "--run", name, "--data", prepared["folder"], "--sqlite-db",
+           prepared["db"], "--workers", str(args.workers), "--epochs", str(args.epochs),
+           "--batch-size", str(args.batch_size), "--records-mb", str(args.records_mb)]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child_process = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
+        if args.sqlite_memory:
+            with process_memory.PeakPss(child_process.pid) as peak:
+                child_process.wait()
+        else:  # no polling: it would take CPU from the timed runs
+            child_process.wait()
+        out.seek(0)
+        err.seek(0)
+        lines = [line for line in out.read().splitlines() if line.startswith("{")]
+        errors = err.read().strip().splitlines()
+    if not lines:
+        return {"error": (errors or ["no output"])[-1]}
+    result = json.loads(lines[-1])
+    # With --sqlite-memory the runs' worker counts differ (8 processes prefetch more batches
+    # than the warm-up skips): their rates are not comparable, only their wall times are shown.
+    if "timed_samples" in result and not args.sqlite_memory:
+        result["samples_per_s"] = result["timed_samples"] / result["seconds"]
+    if args.sqlite_memory and "samples" in result:  # a run that failed has no figure
+        result.update(peak_pss_mb=peak.peak_kb / 1024, processes_at_peak=peak.processes,
+                      most_processes=peak.most_processes, pss_polls=peak.polls)
+    return result
+
+
+def gil_per_sample(result):
+    """(GIL held us per sample, its share of the workers' time) of a conveyor-sqlite run."""
+    gil = result.get("gil") or {}
+    if "held_seconds" not in gil or not result.get("samples"):
+        return None
+    return 1e6 * gil["held_seconds"] / result["samples"], gil.get("share")
+
+
+def sqlite_main(args, loaders, report):
+    """--sqlite and --sqlite-memory: writes the database (once), runs the rounds, prints the
+    table."""
+    memory = args.sqlite_memory
+    cmd = [sys.executable, __file__, "--run", "sqlite-prepare", "--sqlite-images",
+           str(args.sqlite_images)]
+    cmd += ["--data", args.data] if args.data else []
+    cmd += ["--sqlite-db", args.sqlite_db] if args.sqlite_db else []
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    prepared = json.loads(lines[-1]) if lines else {"error": done.stderr.strip()[-2000:]}
+    if "error" in prepared:
+        raise SystemExit(f"bench.py: the SQLite database: {prepared['error']}")
+    report.update(data=prepared["folder"], sqlite=prepared, batch_size=args.batch_size,
+                  records_mb=args.records_mb)
+    mean_kb = prepared["bytes"] / prepared["images"] / 1000
+    how = "reused" if prepared["reused"] else f"written in {prepared['seconds']:.1f} s"
+    print(f"sqlite: {prepared['images']} photos, {mean_kb:.0f} kB average, in {prepared['db']} "
+          f"({prepared['db_bytes'] / 2**20:.0f} MiB, {how})", file=sys.stderr, flush=True)
+    rate = "samples_per_s"
+    rounds = run_rounds(loaders, args.rounds, lambda name: run_sqlite_one(name, args, prepared),
+                        "peak_pss_mb" if memory else rate, "MB" if memory else "samples")
+    report["load_after"] = os.getloadavg()
+    expected = prepared["images"] * args.epochs  # every run reads every sample once an epoch
+    for results in rounds.values():
+        for result in results:
+            if "samples" in result and result["samples"] != expected:
+                result["error"] = f"read {result['samples']} samples, not {expected}"
+                result.pop(rate, None)
+                result.pop("peak_pss_mb", None)
+    summary = {}
+    for name in loaders:
+        entry = {"rounds": rounds[name], "workers": loader_workers(name, args.workers)[1]}
+        for key in (rate, "peak_pss_mb"):
+            good = [x[key] for x in rounds[name] if x.get(key)]
+            if good:
+                entry[key] = statistics.median(good)
+        gil = [g for g in map(gil_per_sample, rounds[name]) if g]
+        if gil:
+            entry["gil_us_per_sample"] = statistics.median(us for us, _ in gil)
+            shares = [s for _, s in gil if s is not None]
+            if shares:
+                entry["gil_share"] = statistics.median(shares)
+        for key in ("error", "skipped"):
+            found = [x[key] for x in rounds[name] if key in x]
+            if found:
+                entry[key] = found[0]
+        summary[name] = entry
+    ratios = {}
+    pairs = ([(over, "conveyor-sqlite", None) for over in loaders if over != "conveyor-sqlite"]
+             if memory else SQLITE_RATIOS)
+    key = "peak_pss_mb" if memory else rate
+    for over, under, target in pairs:
+        if over in rounds and under in rounds:
+            per_round = paired_ratios(rounds[over], rounds[under], key)
+            if per_round:
+                ratios[f"{over} / {under}"] = {"median": statistics.median(per_round),
+                                               "rounds": per_round, "target": target}
+    report["loaders"] = summary
+    report["ratios"] = ratios
+    print(f"\n{report['date']}  {report['machine']}  load {report['load_before'][0]:.2f}  "
+          f"workers {args.workers}  batch {args.batch_size}  crop {CROP}  epochs {args.epochs}  "
+          f"rounds {args.rounds}  photos {prepared['images']}"
+          + (f"  records {args.records_mb} MB" if memory else ""))
+    if memory:
+        print(f"{'loader':22s} {'workers':>7s} {'peak PSS MB':>12s} {'processes':>9s} "
+              f"{'epochs s':>9s}")
+    else:
+        print(f"{'loader':22s} {'workers':>7s} {'samples/s':>10s} {'GIL us/sample':>14s} "
+              f"{'GIL share':>10s}")
+    for name, entry in summary.items():
+        shown = f"{entry[rate]:.1f}" if rate in entry else (
+            "skipped" if "skipped" in entry else "failed")
+        note = entry.get("error") or entry.get("skipped")
+        if memory:
+            peak = f"{entry['peak_pss_mb']:.0f}" if "peak_pss_mb" in entry else "-"
+            good = [x for x in entry["rounds"] if "peak_pss_mb" in x]
+            at_peak = max((x["processes_at_peak"] for x in good), default=0)
+            wall = (f"{statistics.median(x['wall_seconds'] for x in good):.1f}" if good
+                    else "failed")
+            print(f"{name:22s} {entry['workers']:>7d} {peak:>12s} {at_peak:>9d} {wall:>9s}"
+                  + (f"   ({note})" if note else ""))
+        else:
+            us = f"{entry['gil_us_per_sample']:.0f}" if "gil_us_per_sample" in entry else ""
+            share = f"{entry['gil_share']:.3f}" if "gil_share" in entry else ""
+            print(f"{name:22s} {entry['workers']:>7d} {shown:>10s} {us:>14s} {share:>10s}"
+                  + (f"   ({note})" if note else ""))
+    for label, ratio in ratios.items():
+        target = f"  target >= {ratio['target']}x" if ratio["target"] else ""
+        print(f"{label:44s} {ratio['median']:.3f}x{target}  (rounds: "
+              f"{', '.join(f'{r:.3f}' for r in ratio['rounds'])})")
+    if memory:
+        built = [x["records_pss_mb"] for r in rounds.values() for x in r if "records_pss_mb" in x]
+        if built:
+            print(f"the list of records: {statistics.median(built):.0f} MB of PSS in the process "
+                  f"that made it (median of the runs)")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    return report
+
+
 def child(args):
     """--run NAME: one loader's epochs in this process; prints one JSON line."""
     extra = {}
     try:
+        if args.run == "sqlite-prepare":
+            print(json.dumps(prepare_sqlite(args)), flush=True)
+            return
+        if args.run.partition("@")[0] in SQLITE_LOADERS:
+            print(json.dumps(run_sqlite(args)), flush=True)
+            return
         if args.run in CLIP_ALL:
             run = run_clip_webdataset if args.run == "webdataset" else run_clip_conveyor
             print(json.dumps(run(args)), flush=True)
@@ -469,8 +744,9 @@ def run_rounds(loaders, rounds, run, rate, unit):
             result = run(name)
             result["load_1min_before"] = load
             results[name].append(result)
-            shown = (f"{result[rate]:.1f} {unit}/s" if rate in result
-                     else f"failed: {result.get('error')}")
+            shown = (f"{result[rate]:.1f} {unit}" + ("" if unit == "MB" else "/s")
+                     if rate in result else f"skipped: {result['skipped']}"
+                     if "skipped" in result else f"failed: {result.get('error')}")
             print(f"round {r + 1}/{rounds}  {name:24s} {shown}  (load {load:.2f})",
                   file=sys.stderr, flush=True)
     return results
@@ -589,10 +865,12 @@ def main():
     parser.add_argument("--data", help="an ImageFolder (default: conveyor-bench's dataset)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, help="default 3; with --sqlite-memory 1")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--loaders", help=f"default: {','.join(ALL)}; with --clip: "
-                                           f"{','.join(CLIP_ALL)}")
+                                           f"{','.join(CLIP_ALL)}; with --sqlite: "
+                                           f"{','.join(SQLITE_ALL)}; with --sqlite-memory: "
+                                           f"{','.join(MEMORY_ALL)} (NAME@W: W workers)")
     parser.add_argument("--conveyor-bench", default=str(REPO / "build" / "bench" / "conveyor-bench"))
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--clip", action="store_true",
@@ -607,21 +885,50 @@ def main():
                                                    "beside python, on PATH or in build/tools)")
     parser.add_argument("--batch-size", type=int, default=BATCH,
                         help=f"the --clip runs' batch size ({BATCH})")
+    parser.add_argument("--sqlite", action="store_true",
+                        help="the user's own Dataset over photos in SQLite: conveyor.from_dataset "
+                             "against PyTorch's DataLoader and Conveyor's ImageFolder")
+    parser.add_argument("--sqlite-memory", action="store_true",
+                        help="peak PSS of the process tree, the SQLite dataset holding a "
+                             "--records-mb list: Conveyor against PyTorch's worker processes")
+    parser.add_argument("--sqlite-images", type=int, default=1500,
+                        help="photos in the generated mixed dataset (without --data)")
+    parser.add_argument("--sqlite-db", help="the SQLite database (default: beside the folder)")
+    parser.add_argument("--records-mb", type=int, default=None,
+                        help="MB of records the dataset holds (--sqlite-memory: 500; --sqlite: 0)")
     parser.add_argument("--run", help=argparse.SUPPRESS)
     parser.add_argument("--beton", help=argparse.SUPPRESS)
     parser.add_argument("--index", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.records_mb is None:
+        args.records_mb = 500 if args.sqlite_memory else 0
+    if args.rounds is None:
+        args.rounds = 1 if args.sqlite_memory else 3
     if args.run:
         return child(args)
-    if not args.data:
-        args.data = default_data(args.conveyor_bench)
-    known, main_loader = (CLIP_ALL, "conveyor-fields") if args.clip else (ALL, "conveyor")
-    loaders = [name for name in (args.loaders or ",".join(known)).split(",") if name]
-    for name in loaders:
-        if name not in known:
-            parser.error(f"unknown loader {name!r} (known: {', '.join(known)})")
-    if main_loader not in loaders:
-        loaders.insert(0, main_loader)
+    if sum((args.clip, args.sqlite, args.sqlite_memory)) > 1:
+        parser.error("--clip, --sqlite and --sqlite-memory are separate comparisons: one at a time")
+    sqlite = args.sqlite or args.sqlite_memory
+    if sqlite:
+        known = MEMORY_ALL if args.sqlite_memory else SQLITE_ALL
+        loaders = [name for name in (args.loaders or ",".join(known)).split(",") if name]
+        for name in loaders:
+            try:
+                loader_workers(name, args.workers)
+            except ValueError as error:
+                parser.error(str(error))
+        if "conveyor-sqlite" not in loaders:
+            loaders.insert(0, "conveyor-sqlite")
+    else:
+        if not args.data:
+            args.data = default_data(args.conveyor_bench)
+        known, main_loader = (CLIP_ALL, "conveyor-fields") if args.clip else (ALL, "conveyor")
+        loaders = [name for name in (args.loaders or ",".join(known)).split(",") if name]
+        for name in loaders:
+            if name not in known:
+                parser.error(f"unknown loader {name!r} (known: {', '.join(known)})")
+        if main_loader not in loaders:
+            loaders.insert(0, main_loader)
     report = {"command": " ".join([Path(sys.executable).name, *sys.argv]),
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
               "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
@@ -629,6 +936,8 @@ def main():
               "epochs": args.epochs, "rounds": args.rounds, "device": args.device}
     if args.clip:
         return clip_main(args, loaders, report)
+    if sqlite:
+        return sqlite_main(args, loaders, report)
     with tempfile.TemporaryDirectory() as work:
         beton = Path(work) / "data.beton"
         if "ffcv" in loaders:
