@@ -176,6 +176,10 @@ TEST(PngImageWriter, AHugeDeclaredSizeIsRefusedBeforeDecoding) {
                       "100000000"),
             std::string::npos)
       << huge;
+  // Under the limit, but far more rows than its few bytes can hold: refused before any buffer of
+  // the declared size is allocated.
+  const std::string short_file = error_of(writer, testing::png_declaring(9000, 9000));
+  EXPECT_NE(short_file.find("cannot hold a 9000x9000 image"), std::string::npos) << short_file;
   ImageTransform small = ImageTransform::train(8);
   small.limits.max_pixels = 100;
   ImageWriter strict(small);
