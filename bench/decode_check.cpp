@@ -987,13 +987,17 @@ int run(const Config& config) {
   if (total.skipped != 0) {
     std::cout << "skipped " << total.skipped << " checks of files TurboJPEG cannot decode either\n";
   }
+  const auto png_started = std::chrono::steady_clock::now();
   const PngStats png =
       check_png(config, std::max<uint64_t>(200, config.pairs / 10), report_mutex, reported);
+  const double png_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - png_started).count();
   std::cout << "time " << seconds << " s\n";
   std::cout << "JPEG: " << total.pairs << " pairs, " << total.mismatches << " mismatches\n";
   std::cout << "PNG: " << png.samples << " samples of " << png.files
             << " files (every colour type, bit depth, interlacing; against libpng), "
-            << png.mismatches << " mismatches, max abs diff " << png.max_abs_diff << "\n";
+            << png.mismatches << " mismatches, max abs diff " << png.max_abs_diff << " ("
+            << png_seconds << " s)\n";
   total.pairs += png.samples;
   total.mismatches += png.mismatches;
   total.max_abs_diff = std::max(total.max_abs_diff, png.max_abs_diff);
