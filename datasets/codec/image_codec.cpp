@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace conveyor::detail {
 
@@ -93,11 +94,14 @@ std::unique_ptr<ImageDecoder> make_image_decoder(ImageFormat format, const Decod
 }
 
 std::string no_codec_message(ImageFormat format, const uint8_t* data, size_t size) {
-  std::string decoded;  // the formats that have a decoder, from the table
+  std::vector<std::string> names;  // the formats that have a decoder, from the table
   for (const ImageCodec& codec : kCodecs) {
-    if (codec.make_decoder == nullptr) continue;
-    decoded += decoded.empty() ? "" : " and ";
-    decoded += format_name(codec.format);
+    if (codec.make_decoder != nullptr) names.emplace_back(format_name(codec.format));
+  }
+  std::string decoded;  // "JPEG and PNG", "JPEG, PNG and WebP"
+  for (size_t i = 0; i < names.size(); ++i) {
+    decoded += i == 0 ? "" : i + 1 == names.size() ? " and " : ", ";
+    decoded += names[i];
   }
   const std::string known = " (Conveyor decodes " + decoded + ")";
   if (format != ImageFormat::kUnknown) {
