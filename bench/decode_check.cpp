@@ -12,6 +12,11 @@
 // boxes and output sizes make the decoders pick every DCT scale they can (1, 2, 4, 8 of 8, and 1..8
 // with any_scale).
 //
+// It then checks PNG (every colour type, bit depth and interlacing, tests/png_writer.h):
+// ImageWriter::write against libpng's full decode, cut at the same box, resized with the same
+// libyuv filter, flipped and laid out (tests/png_reference.h). Tolerance: none (lossless). A
+// summary line per codec precedes the last line, which counts both.
+//
 // Each pair makes two comparisons:
 //   region  JpegDecoder::decode_region (one of four option sets: the loader's RGBX + fast
 //           upsampling, the default RGB + fancy upsampling, and both with any_scale) against the
@@ -59,6 +64,8 @@
 #include <libyuv.h>
 #include <turbojpeg.h>
 
+#include "../tests/png_reference.h"
+#include "../tests/png_writer.h"
 #include "codec/jpeg_segments.h"
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
@@ -854,6 +861,63 @@ class Checker {
   std::vector<uint8_t> out_, want_;
 };
 
+// PNG (issue 32): ImageWriter on a generated corpus of every colour type, bit depth and
+// interlacing (tests/png_writer.h) against libpng's full decode then the same crop, resize, flip
+// and layout (tests/png_reference.h). Lossless: tolerance 0.
+struct PngStats {
+  uint64_t files = 0, samples = 0, mismatches = 0;
+  int max_abs_diff = 0;
+};
+
+PngStats check_png(const Config& config, uint64_t samples, std::mutex& report_mutex,
+                   std::atomic<uint64_t>& reported) {
+  std::vector<testing::PngFile> files;
+  std::vector<testing::Reference> references;
+  uint64_t seed = config.seed;
+  const int sizes[][2] = {{1, 1}, {3, 1}, {1, 5}, {17, 13}, {64, 47}, {201, 150}, {500, 375}};
+  for (testing::PngSpec kind : testing::every_png_kind()) {
+    for (const auto& wh : sizes) {
+      for (const bool interlaced : {false, true}) {
+        kind.width = wh[0];
+        kind.height = wh[1];
+        kind.interlaced = interlaced;
+        kind.transparency = seed % 3 == 0 && kind.color_type != 4 && kind.color_type != 6;
+        files.push_back(testing::make_png(kind, seed++));
+        references.push_back(testing::reference_of(files.back()));
+      }
+    }
+  }
+  PngStats stats;
+  stats.files = files.size();
+  std::vector<ImageWriter> writers;
+  for (const ImageTransform& t : transforms()) writers.emplace_back(t);
+  SampleRng rng(config.seed, 0x9E6, 0);
+  for (uint64_t i = 0; i < samples; ++i) {
+    const size_t f = static_cast<size_t>(rng.randint(0, static_cast<int>(files.size())));
+    ImageWriter& writer =
+        writers[static_cast<size_t>(rng.randint(0, static_cast<int>(writers.size())))];
+    const SampleContext ctx{0, i, config.seed + i % 7, i % 3};
+    const int side = writer.transform().size;
+    std::vector<uint8_t> row(static_cast<size_t>(side) * side * 3);
+    writer.write(files[f].bytes.data(), files[f].bytes.size(), ctx,
+                 reinterpret_cast<std::byte*>(row.data()));
+    const std::vector<uint8_t> expected =
+        testing::expected_row(references[f], writer.transform(), ctx);
+    const Diff d = compare(row.data(), expected.data(), row.size());
+    ++stats.samples;
+    stats.max_abs_diff = std::max(stats.max_abs_diff, d.max_abs);
+    if (d.max_abs == 0) continue;
+    ++stats.mismatches;
+    if (reported.fetch_add(1) < config.max_report) {
+      std::lock_guard<std::mutex> lock(report_mutex);
+      std::cout << "MISMATCH png " << testing::describe(files[f].spec) << " output " << side
+                << " index " << i << ": max abs diff " << d.max_abs << " at byte " << d.first
+                << "\n";
+    }
+  }
+  return stats;
+}
+
 int run(const Config& config) {
   if (!config.write_corpus.empty()) {
     fs::create_directories(config.write_corpus);
@@ -923,7 +987,20 @@ int run(const Config& config) {
   if (total.skipped != 0) {
     std::cout << "skipped " << total.skipped << " checks of files TurboJPEG cannot decode either\n";
   }
+  const auto png_started = std::chrono::steady_clock::now();
+  const PngStats png =
+      check_png(config, std::max<uint64_t>(200, config.pairs / 10), report_mutex, reported);
+  const double png_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - png_started).count();
   std::cout << "time " << seconds << " s\n";
+  std::cout << "JPEG: " << total.pairs << " pairs, " << total.mismatches << " mismatches\n";
+  std::cout << "PNG: " << png.samples << " samples of " << png.files
+            << " files (every colour type, bit depth, interlacing; against libpng), "
+            << png.mismatches << " mismatches, max abs diff " << png.max_abs_diff << " ("
+            << png_seconds << " s)\n";
+  total.pairs += png.samples;
+  total.mismatches += png.mismatches;
+  total.max_abs_diff = std::max(total.max_abs_diff, png.max_abs_diff);
   std::cout << total.pairs << " pairs, " << total.mismatches << " mismatches, max abs diff "
             << total.max_abs_diff << ", min PSNR ";
   if (std::isfinite(total.min_psnr)) {

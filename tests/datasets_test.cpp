@@ -16,7 +16,9 @@ namespace {
 using testing::TempDir;
 using testing::write_bytes;
 
-TEST(ImageFolder, LabelsFollowSortedClassFoldersAndOnlyJpegFilesCount) {
+// torchvision's extensions (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case) are listed,
+// whatever the files hold (each is decoded by its content, and refused by it: png_test).
+TEST(ImageFolder, LabelsFollowSortedClassFoldersAndOnlyImageFilesCount) {
   TempDir dir;
   write_bytes(dir / "zebra/b.jpg", make_photo_jpeg(16, 16, 1));
   write_bytes(dir / "zebra/a.JPEG", make_photo_jpeg(16, 16, 2));
@@ -24,16 +26,18 @@ TEST(ImageFolder, LabelsFollowSortedClassFoldersAndOnlyJpegFilesCount) {
   write_bytes(dir / "apple/nested/y.jpeg", make_photo_jpeg(16, 16, 4));
   write_bytes(dir / "apple/notes.txt", {'h', 'i'});
   write_bytes(dir / "apple/pic.png", {1, 2, 3});
+  write_bytes(dir / "apple/anim.gif", {'G', 'I', 'F'});           // not an ImageFolder extension
   std::filesystem::create_directories(dir / "mango/folder.jpg");  // a folder named like an image
   write_bytes(dir / "stray.jpg", make_photo_jpeg(16, 16, 5));     // not in a class folder
   auto source = ImageSource::image_folder(dir.path(), ImageTransform::train(8));
   EXPECT_EQ(source->classes(), (std::vector<std::string>{"apple", "mango", "zebra"}));
-  ASSERT_EQ(source->size(), 4u);
+  ASSERT_EQ(source->size(), 5u);
   std::vector<std::pair<std::string, int64_t>> got;
   for (const auto& item : source->items()) {
     got.emplace_back(std::filesystem::relative(item.path, dir.path()).string(), item.label);
   }
   EXPECT_EQ(got, (std::vector<std::pair<std::string, int64_t>>{{"apple/nested/y.jpeg", 0},
+                                                               {"apple/pic.png", 0},
                                                                {"apple/x.Jpg", 0},
                                                                {"zebra/a.JPEG", 2},
                                                                {"zebra/b.jpg", 2}}));

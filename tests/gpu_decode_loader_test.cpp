@@ -29,6 +29,7 @@
 
 #include "conveyor/decode_balance.h"
 #include "conveyor/gpu_decode.h"
+#include "png_writer.h"
 #include "simulated_device_decoder.h"
 #include "test_support.h"
 
@@ -260,6 +261,35 @@ class ThreeFieldSource : public SampleSource {
 // GPU decode finds the field it may write through the source's capability, wherever it is among
 // the fields: a source of three fields, the image second, gets the CPU path's batches, field for
 // field, with the images decoded on the device; mode() names the field.
+// The codec seam routes (issue 32): PNG files among JPEGs go to the CPU before they are queued
+// to the device, which is never given one; every batch is the CPU path's.
+TEST(GpuDecodeLoader, FilesThatAreNotJpegsGoToTheCpuBeforeTheDevice) {
+  Corpus c = make_corpus(40, 9, false);
+  std::set<size_t> pngs;
+  for (size_t i = 2; i < c.files.size(); i += 6) {
+    testing::PngSpec s;
+    s.width = 70 + static_cast<int>(i);
+    s.height = 50;
+    s.color_type = i % 12 == 2 ? 6 : 2;
+    c.files[i] = testing::make_png(s, i).bytes;
+    pngs.insert(i);
+  }
+  const std::vector<Batch> want = cpu_reference(c, 8, 2);
+  auto decoders = std::make_shared<SimulatedDeviceDecoders>();
+  DataLoader loader(source_of(c), options(8, 2, 4, simulated(GpuDecode::hardware_only(), decoders)),
+                    RandomSampler::make(5), std::make_unique<InstantCopyEngine>());
+  EXPECT_NE(loader.mode().find("GPU decode: simulated device decoder on cpu"), std::string::npos)
+      << loader.mode();
+  expect_same_batches(run(loader, 2), want, "PNGs among JPEGs");
+  const LoaderStats s = loader.stats();
+  EXPECT_EQ(s.gpu_decode.cpu_images, 2 * pngs.size());
+  EXPECT_EQ(s.gpu_decode.gpu_images, 2 * (c.files.size() - pngs.size()));
+  EXPECT_EQ(decoders->record()->given.size(), 2 * (c.files.size() - pngs.size()));
+  for (const auto& [epoch, index] : decoders->record()->given) {
+    EXPECT_EQ(pngs.count(index), 0u) << "the device was given the PNG at " << index;
+  }
+}
+
 TEST(GpuDecodeLoader, AnyFieldTheSourceOffersIsDecodedOnTheDevice) {
   const Corpus c = make_corpus(40, 6);
   LoaderOptions cpu = options(8, 2, 0, GpuDecode::off());

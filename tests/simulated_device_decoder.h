@@ -43,6 +43,7 @@ class SimulatedDeviceDecoders : public DeviceDecoderFactory {
   struct Record {
     std::mutex mutex;
     std::set<std::pair<uint64_t, size_t>> decoded;  // (epoch, index) written on the "device"
+    std::set<std::pair<uint64_t, size_t>> given;    // (epoch, index) of every image decode() got
     size_t calls = 0;                               // decode() calls so far
     size_t largest_call = 0;                        // the most images one call was given
     size_t decoders = 0;                            // decoders made
@@ -109,6 +110,10 @@ class SimulatedDeviceDecoders : public DeviceDecoderFactory {
       GpuDecodeResult result;
       for (size_t k = 0; k < count; ++k) {
         const GpuJpeg& image = images[k];
+        {
+          std::lock_guard<std::mutex> lock(record_->mutex);
+          record_->given.emplace(image.context.epoch, image.context.index);
+        }
         if (per_image_.count() > 0) std::this_thread::sleep_for(per_image_);
         try {
           if (!hardware_route(image.data, image.size).hardware) {

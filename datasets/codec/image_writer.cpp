@@ -1,8 +1,11 @@
-// ImageWriter (conveyor/datasets.h): a JPEG's bytes to one transformed row of a batch. The crop
-// is chosen from the header (choose_crop: torchvision's rules), the decoder decodes only that
-// region at the smallest DCT scale that covers the output, and libyuv resizes, mirrors and splits
-// the pixels into the row (OpenCV only turns an EXIF-rotated square upright).
+// ImageWriter (conveyor/datasets.h): an image file's bytes to one transformed row of a batch. The
+// decoder is the codec table's for the format the bytes hold (image_codec.h: by content, never by
+// name); the crop is chosen from the header (choose_crop: torchvision's rules, the same for every
+// format), the decoder decodes only that region (a JPEG at the smallest DCT scale that covers the
+// output), and libyuv resizes, mirrors and splits the pixels into the row (OpenCV only turns an
+// EXIF-rotated square upright).
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -13,6 +16,7 @@
 
 #include <libyuv.h>
 
+#include "codec/image_codec.h"
 #include "conveyor/datasets.h"
 #include "conveyor/internal/trace.h"
 #include "conveyor/random.h"
@@ -160,16 +164,33 @@ cv::Mat orient(cv::Mat img, int orientation, cv::Mat& scratch) {
 
 struct ImageWriter::State {
   ImageTransform transform;
-  JpegDecoder decoder;
+  // One decoder per format met so far (the codec table's, image_codec.h), made on first use.
+  std::array<std::unique_ptr<detail::ImageDecoder>, detail::kImageFormatCount> decoders;
   std::vector<uint8_t> scaled;    // size x size RGBX scratch, reused
   std::vector<uint8_t> mirrored;  // size x size RGBX scratch for the flip, reused
   cv::Mat rotated;                // size x size RGBX scratch for EXIF rotations, reused
   int last_scale = 8;
   ImageWriter::Timing last_timing;
-  explicit State(ImageTransform t) : transform(t), decoder(t.limits, writer_decode_options(t)) {
+  explicit State(ImageTransform t) : transform(t) {
     const size_t bytes = static_cast<size_t>(t.size) * static_cast<size_t>(t.size) * 4;
     scaled.resize(bytes);
     mirrored.resize(bytes);
+    // JPEG's is made at once, which checks the limits and options when the writer is made.
+    decoders[static_cast<size_t>(detail::ImageFormat::kJpeg)] =
+        detail::make_image_decoder(detail::ImageFormat::kJpeg, t.limits, writer_decode_options(t));
+  }
+
+  // The decoder of the format `bytes` hold, by their content; throws ImageDecodeError naming the
+  // format when it has no codec.
+  detail::ImageDecoder& decoder_for(const uint8_t* bytes, size_t size) {
+    const detail::ImageFormat format = detail::detect_format(bytes, size);
+    std::unique_ptr<detail::ImageDecoder>& decoder = decoders[static_cast<size_t>(format)];
+    if (!decoder) {
+      decoder =
+          detail::make_image_decoder(format, transform.limits, writer_decode_options(transform));
+      if (!decoder) throw detail::ImageDecodeError(detail::no_codec_message(format, bytes, size));
+    }
+    return *decoder;
   }
 };
 
@@ -190,14 +211,15 @@ void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& 
   std::optional<trace::Range> stage(std::in_place, trace::Name::kDecode);  // for a profiler
   const auto started = std::chrono::steady_clock::now();
   const int side = s.transform.size;
-  const JpegHeader header = s.decoder.begin(bytes, size);
+  detail::ImageDecoder& decoder = s.decoder_for(bytes, size);
+  const detail::ImageInfo header = decoder.begin(bytes, size);
   const bool swapped = header.orientation >= 5;  // displayed with width and height exchanged
   const int width = swapped ? header.height : header.width;
   const int height = swapped ? header.width : header.height;
   const CropBox box = choose_crop(s.transform, width, height, ctx.seed, ctx.epoch, ctx.index);
   const CropBox src_box = stored_box(box, header.orientation, width, height);
   const DecodedImage image =
-      s.decoder.finish_region(src_box.x, src_box.y, src_box.width, src_box.height, side, side);
+      decoder.finish_region(src_box.x, src_box.y, src_box.width, src_box.height, side, side);
   s.last_scale = image.scale;
   const auto decoded = std::chrono::steady_clock::now();
   s.last_timing.decode = decoded - started;

@@ -16,6 +16,7 @@
 #include <jerror.h>
 #include <turbojpeg.h>
 
+#include "codec/image_codec.h"
 #include "codec/jpeg_segments.h"
 #include "codec/libjpeg_errors.h"
 
@@ -202,12 +203,11 @@ struct JpegDecoder::State {
         if (header.orientation != 1) break;
       }
     }
-    uint64_t pixels = static_cast<uint64_t>(header.width) * static_cast<uint64_t>(header.height);
-    if (pixels > limits.max_pixels) {
+    std::string over_limit =
+        detail::pixel_limit_exceeded(cinfo.image_width, cinfo.image_height, limits);
+    if (!over_limit.empty()) {
       abort();
-      throw JpegError("JPEG rejected: " + std::to_string(header.width) + "x" +
-                      std::to_string(header.height) + " = " + std::to_string(pixels) +
-                      " pixels exceeds the limit of " + std::to_string(limits.max_pixels));
+      throw JpegError("JPEG rejected: " + over_limit);
     }
     if (header.width <= 0 || header.height <= 0) {
       abort();

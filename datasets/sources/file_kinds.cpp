@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -58,11 +59,19 @@ std::shared_ptr<const Storage> storage_of(const FolderOptions& options) {
   return options.storage ? options.storage : system_storage();
 }
 
-bool has_jpeg_extension(const std::string& name) {
+// The extensions torchvision's ImageFolder lists (IMG_EXTENSIONS), in any case. A name only
+// decides what is listed: each file is decoded by its content (codec/image_codec.h), so a PNG
+// named .JPEG decodes as a PNG, and a format without a codec meets on_error, named.
+constexpr const char* kImageExtensions[] = {".jpg", ".jpeg", ".png",  ".ppm", ".bmp",
+                                            ".pgm", ".tif",  ".tiff", ".webp"};
+constexpr const char* kImageExtensionList = ".jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp";
+
+bool has_image_extension(const std::string& name) {
   std::string ext = std::filesystem::path(name).extension().string();
   std::transform(ext.begin(), ext.end(), ext.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext == ".jpg" || ext == ".jpeg";
+  return std::find(std::begin(kImageExtensions), std::end(kImageExtensions), ext) !=
+         std::end(kImageExtensions);
 }
 
 // Every file named like an image below `folder` (following links to folders). Regular files and
@@ -81,7 +90,7 @@ void find_images(const Storage& storage, const std::string& folder, bool top,
     const std::string path = folder + "/" + entry.name;
     if (entry.folder) {
       find_images(storage, path, false, out);
-    } else if (has_jpeg_extension(entry.name)) {
+    } else if (has_image_extension(entry.name)) {
       out.push_back(path);
     }
   }
@@ -113,8 +122,8 @@ std::unique_ptr<ImageSource> ImageSource::image_folder(const std::filesystem::pa
     for (auto& f : files) items.push_back({std::move(f), static_cast<int64_t>(label)});
   }
   if (items.empty()) {
-    throw std::runtime_error("ImageFolder: no .jpg/.jpeg images in class folders under " +
-                             root.string());
+    throw std::runtime_error(std::string("ImageFolder: no images (") + kImageExtensionList +
+                             ") in class folders under " + root.string());
   }
   return std::unique_ptr<ImageSource>(new ImageSource(
       std::make_unique<FileKind>(std::move(items), std::move(classes), storage), transform));

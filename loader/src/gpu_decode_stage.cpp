@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "codec/image_codec.h"
 #include "conveyor/internal/cuda_check.h"
 #include "conveyor/internal/invariant.h"
 #include "conveyor/internal/trace.h"
@@ -355,6 +356,12 @@ void GpuDecodeStage::read_images(DecodeThread& t) {
       try {
         const SampleSource::Encoded encoded =
             source_.read_encoded(context, t.buffers[t.images.size()], fields.data());
+        // Only a JPEG goes to the device (nvJPEG): a PNG, a WebP or any other content goes to the
+        // CPU's codecs by the codec seam, before it is queued.
+        if (detail::detect_format(encoded.data, encoded.size) != detail::ImageFormat::kJpeg) {
+          t.cpu.emplace_back(i, r);
+          continue;
+        }
         t.images.push_back(GpuJpeg{encoded.data, encoded.size, context, {}});
         t.destinations.push_back(device_row_pointer(k.job.slot, position));
         t.of.emplace_back(i, r);

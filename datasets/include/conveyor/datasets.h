@@ -32,12 +32,15 @@
 
 namespace conveyor {
 
-// JPEG images with labels, decoded into "image" (uint8 [3,S,S] or [S,S,3]) and "label" (int64).
+// Images with labels, decoded into "image" (uint8 [3,S,S] or [S,S,3]) and "label" (int64).
 // Items come from a folder tree, a file list, memory, or indexed WebDataset tar shards (local
-// or over HTTP).
+// or over HTTP). Each image is decoded by its content, never its name (ImageWriter): JPEG and PNG
+// are decoded; WebP, BMP, PNM, GIF and TIFF are recognised and are the sample's error, naming the
+// format ("a GIF image: no codec for GIF"), which LoaderOptions::on_error raises or skips.
 class ImageSource : public FieldSource {
  public:
-  // ImageFolder layout: root/<class>/<image>.jpg|jpeg (any case). Classes are the sorted
+  // ImageFolder layout: root/<class>/<image> with the extensions torchvision's ImageFolder lists
+  // (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case). Classes are the sorted
   // sub-folder names, labelled 0..K-1; images within a class are sorted by name. Throws if root is
   // not a folder or holds no images.
   static std::unique_ptr<ImageSource> image_folder(const std::filesystem::path& root,
@@ -48,7 +51,7 @@ class ImageSource : public FieldSource {
   static std::unique_ptr<ImageSource> file_list(const std::filesystem::path& list,
                                                 ImageTransform transform,
                                                 const FolderOptions& options = FolderOptions());
-  // Encoded JPEG bytes held in memory (measures decode without the file system).
+  // Encoded image bytes held in memory (measures decode without the file system).
   static std::unique_ptr<ImageSource> in_memory(std::vector<std::vector<uint8_t>> jpegs,
                                                 std::vector<int64_t> labels,
                                                 ImageTransform transform);

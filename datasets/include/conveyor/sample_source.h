@@ -189,8 +189,12 @@ struct CropBox {
 CropBox choose_crop(const ImageTransform& transform, int width, int height, uint64_t seed,
                     uint64_t epoch, size_t index);
 
-// Decodes the JPEG `bytes` and writes the transformed image to `out` (size*size*3 bytes).
-// Per-thread state: one JpegDecoder and scratch buffers, reused across calls.
+// Decodes the image file `bytes` and writes the transformed image to `out` (size*size*3 bytes).
+// The format is found by the bytes' content (JPEG, PNG; any other format, or bytes of none, throw
+// naming what was found), and every format gets the same crop (choose_crop), resize and flip:
+// 8-bit RGB, alpha dropped, gray replicated, 16-bit PNG samples rounded to the nearest 8-bit
+// value. EXIF orientation (ImageTransform::exif_orientation) is read from JPEG files only.
+// Per-thread state: one decoder per format met and scratch buffers, reused across calls.
 class ImageWriter {
  public:
   explicit ImageWriter(ImageTransform transform);
@@ -201,7 +205,7 @@ class ImageWriter {
   const ImageTransform& transform() const;
   // The DCT scale numerator (of 8) used by the last write, for statistics.
   int last_scale() const;
-  // Where the last write's time went, for statistics: the JPEG decode of the crop (header,
+  // Where the last write's time went, for statistics: the decode of the crop (for a JPEG: header,
   // entropy decoding, IDCT, color conversion), and the rest (resize, EXIF rotation, flip, layout).
   struct Timing {
     std::chrono::nanoseconds decode{0};

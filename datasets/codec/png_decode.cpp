@@ -1,0 +1,198 @@
+// PNG's row of the codec table (image_codec.h), with libspng (Debian's libspng 0.7.3): every
+// colour type and bit depth, interlaced or not, to 8-bit RGB or RGBX.
+//
+// libspng rather than libpng: every call returns an error code (no setjmp/longjmp around its
+// calls, so no C++ exception and no jump ever crosses its frames), it reads rows one at a time
+// (spng_decode_row), which lets a non-interlaced image stop at the crop's last row, and on the
+// same files it decoded a little faster (BENCHMARKS.md, "PNG: libspng or libpng": 1.03-1.12x on
+// 500x375 8-bit RGB and RGBA, half of them interlaced, whole decodes). An interlaced (Adam7) image
+// has no row order to stop in: it is decoded whole, then cut.
+#include <spng.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "codec/image_codec.h"
+
+namespace conveyor::detail {
+
+namespace {
+
+// Bounds on what libspng keeps of a file's chunks beside the image (text, ICC profiles, unknown
+// chunks): no real PNG comes near them; a hostile one is refused rather than allocated.
+constexpr size_t kChunkLimit = size_t{64} << 20;
+constexpr size_t kChunkCacheLimit = size_t{128} << 20;
+
+struct SpngFree {
+  void operator()(spng_ctx* ctx) const { spng_ctx_free(ctx); }
+};
+
+class PngDecoder final : public ImageDecoder {
+ public:
+  PngDecoder(const DecodeLimits& limits, const DecodeOptions& options)
+      : limits_(limits), channels_(options.channels) {
+    if (channels_ != 3 && channels_ != 4) {
+      throw std::invalid_argument("DecodeOptions::channels must be 3 or 4");
+    }
+  }
+
+  ImageInfo begin(const uint8_t* data, size_t size) override {
+    ctx_.reset(spng_ctx_new(0));  // a context reads one file: a fresh one per image
+    if (!ctx_) throw std::bad_alloc();
+    check(spng_set_png_buffer(ctx_.get(), data, size), "reading the file");
+    check(spng_set_chunk_limits(ctx_.get(), kChunkLimit, kChunkCacheLimit), "setting limits");
+    check(spng_get_ihdr(ctx_.get(), &ihdr_), "reading the header");
+    const std::string over_limit = pixel_limit_exceeded(ihdr_.width, ihdr_.height, limits_);
+    if (!over_limit.empty()) {
+      ctx_.reset();
+      throw ImageDecodeError("PNG rejected: " + over_limit);
+    }
+    // Deflate packs at most 1032 bytes into one (its longest match, 258 bytes, in two bits at
+    // best): a file too short for the rows it declares is truncated, and is refused here rather
+    // than after buffers of the declared size were allocated.
+    const uint64_t channels = ihdr_.color_type == SPNG_COLOR_TYPE_TRUECOLOR_ALPHA   ? 4
+                              : ihdr_.color_type == SPNG_COLOR_TYPE_TRUECOLOR       ? 3
+                              : ihdr_.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ? 2
+                                                                                    : 1;
+    const uint64_t row = (uint64_t{ihdr_.width} * channels * ihdr_.bit_depth + 7) / 8 + 1;
+    if (static_cast<uint64_t>(size) * 1032 < row * ihdr_.height) {
+      ctx_.reset();
+      throw ImageDecodeError("PNG decode failed: " + std::to_string(size) +
+                             " bytes cannot hold a " + std::to_string(ihdr_.width) + "x" +
+                             std::to_string(ihdr_.height) +
+                             " image (deflate packs at most 1032 bytes into one): truncated");
+    }
+    ImageInfo info;
+    info.width = static_cast<int>(ihdr_.width);
+    info.height = static_cast<int>(ihdr_.height);
+    info.bit_depth = ihdr_.bit_depth;
+    switch (ihdr_.color_type) {
+      case SPNG_COLOR_TYPE_GRAYSCALE:
+        info.channels = 1;
+        break;
+      case SPNG_COLOR_TYPE_GRAYSCALE_ALPHA:
+        info.channels = 2;
+        break;
+      case SPNG_COLOR_TYPE_TRUECOLOR_ALPHA:
+        info.channels = 4;
+        break;
+      default:  // truecolor, indexed
+        info.channels = 3;
+        break;
+    }
+    return info;
+  }
+
+  DecodedImage finish_region(int x, int y, int width, int height, int, int) override {
+    if (!ctx_) throw std::logic_error("PngDecoder::finish_region without begin");
+    std::unique_ptr<spng_ctx, SpngFree> ctx = std::move(ctx_);  // freed however this returns
+    const int full_w = static_cast<int>(ihdr_.width);
+    const int full_h = static_cast<int>(ihdr_.height);
+    x = std::clamp(x, 0, full_w - 1);
+    y = std::clamp(y, 0, full_h - 1);
+    width = std::clamp(width, 1, full_w - x);
+    height = std::clamp(height, 1, full_h - y);
+    const bool wide = ihdr_.bit_depth == 16;
+    const int format = wide ? SPNG_FMT_RGBA16 : channels_ == 4 ? SPNG_FMT_RGBA8 : SPNG_FMT_RGB8;
+    const size_t in_pixel = wide ? 8 : static_cast<size_t>(channels_);  // bytes libspng writes
+    const size_t out_pixel = static_cast<size_t>(channels_);
+    const size_t row_bytes = static_cast<size_t>(full_w) * in_pixel;
+    const size_t rows = static_cast<size_t>(height);
+
+    DecodedImage image;
+    image.width = width;
+    image.height = height;
+    image.channels = channels_;
+    image.scale = 8;
+    if (ihdr_.interlace_method != SPNG_INTERLACE_NONE) {
+      // Adam7 passes cover the whole image each: decoded whole, then cut.
+      size_t size = 0;
+      check(spng_decoded_image_size(ctx.get(), format, &size), "sizing the image");
+      if (whole_.size() < size) whole_.resize(size);
+      check(spng_decode_image(ctx.get(), whole_.data(), size, format, 0), "decoding the image");
+      verify_end(ctx.get());
+      const uint8_t* region =
+          whole_.data() + static_cast<size_t>(y) * row_bytes + static_cast<size_t>(x) * in_pixel;
+      if (!wide) {
+        image.pixels = region;
+        image.stride = row_bytes;
+        return image;
+      }
+      image.stride = static_cast<size_t>(width) * out_pixel;
+      if (region_.size() < image.stride * rows) region_.resize(image.stride * rows);
+      for (size_t r = 0; r < rows; ++r) {
+        narrow(region + r * row_bytes, region_.data() + r * image.stride, width);
+      }
+      image.pixels = region_.data();
+      return image;
+    }
+    // Rows in order, down to the region's last; the rows above it go through one scratch row.
+    check(spng_decode_image(ctx.get(), nullptr, 0, format, SPNG_DECODE_PROGRESSIVE),
+          "starting the decode");
+    if (scratch_.size() < row_bytes) scratch_.resize(row_bytes);
+    image.stride = wide ? static_cast<size_t>(width) * out_pixel : row_bytes;
+    if (region_.size() < image.stride * rows) region_.resize(image.stride * rows);
+    const int last = y + height - 1;
+    for (int r = 0; r <= last; ++r) {
+      uint8_t* row =
+          r < y || wide ? scratch_.data() : region_.data() + static_cast<size_t>(r - y) * row_bytes;
+      const int status = spng_decode_row(ctx.get(), row, row_bytes);
+      if (status != 0 && !(status == SPNG_EOI && r == full_h - 1)) {
+        fail("decoding row " + std::to_string(r) + " of " + std::to_string(full_h), status);
+      }
+      if (wide && r >= y) {
+        narrow(row + static_cast<size_t>(x) * in_pixel,
+               region_.data() + static_cast<size_t>(r - y) * image.stride, width);
+      }
+    }
+    if (last == full_h - 1) verify_end(ctx.get());
+    image.pixels = wide ? region_.data() : region_.data() + static_cast<size_t>(x) * in_pixel;
+    return image;
+  }
+
+ private:
+  [[noreturn]] static void fail(const std::string& what, int status) {
+    throw ImageDecodeError("PNG decode failed: " + what + ": " + spng_strerror(status));
+  }
+  static void check(int status, const char* what) {
+    if (status != 0) fail(what, status);
+  }
+  // Once the last row is out, the rest of the image data: its checksums (zlib's Adler-32, the last
+  // IDAT chunk's CRC) and the chunks after it, so that damage there is an error too.
+  static void verify_end(spng_ctx* ctx) { check(spng_decode_chunks(ctx), "after the image data"); }
+
+  // `width` host-endian RGBA16 pixels to `channels_`-byte pixels, each sample v to the nearest
+  // 8-bit value: (v * 255 + 32767) / 65535 (65535 -> 255, 257 -> 1, 128 -> 0, 129 -> 1).
+  void narrow(const uint8_t* from, uint8_t* to, int width) const {
+    for (int i = 0; i < width; ++i, from += 8, to += channels_) {
+      for (int c = 0; c < 3; ++c) {
+        uint16_t v;
+        std::memcpy(&v, from + 2 * c, sizeof v);
+        to[c] = static_cast<uint8_t>((v * 255u + 32767u) / 65535u);
+      }
+      if (channels_ == 4) to[3] = 255;
+    }
+  }
+
+  DecodeLimits limits_;
+  int channels_;
+  std::unique_ptr<spng_ctx, SpngFree> ctx_;  // the image begin() read, until finish_region()
+  spng_ihdr ihdr_{};
+  std::vector<uint8_t> scratch_;  // one row above the region, or a 16-bit row
+  std::vector<uint8_t> region_;   // the region's rows (full rows for 8 bits)
+  std::vector<uint8_t> whole_;    // an interlaced image, whole
+};
+
+}  // namespace
+
+std::unique_ptr<ImageDecoder> make_png_decoder(const DecodeLimits& limits,
+                                               const DecodeOptions& options) {
+  return std::make_unique<PngDecoder>(limits, options);
+}
+
+}  // namespace conveyor::detail

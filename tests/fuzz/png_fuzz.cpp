@@ -1,0 +1,169 @@
+// conveyor-png-fuzz: libFuzzer over the PNG codec (issue 32): the codec table's PNG decoder
+// (datasets/codec/png_decode.cpp, libspng) and ImageWriter on PNG bytes.
+//
+// An input is a PNG followed by kConfigBytes bytes that choose what to do with it: the decoder's
+// begin + finish_region on a box (RGB or RGBX, a small DecodeLimits::max_pixels sometimes), or
+// ImageWriter::write with a transform, which detects the format by content, reads the header,
+// applies the limits, decodes the crop's rows and resizes them into a slot. Decoders and writers
+// are kept across inputs, as a worker keeps them. ImageDecodeError and std::runtime_error are
+// expected outcomes; a crash, a sanitizer report, a leak, a timeout or an out-of-memory is a
+// finding.
+//
+// `conveyor-png-fuzz --write-seeds DIR` writes the seed corpus (every colour type and bit depth,
+// interlaced or not, with tRNS, at small odd sizes: tests/png_writer.h; and a header declaring a
+// huge image), each with a config tail, and exits. tests/fuzz/conveyor-png-fuzz.dict holds PNG's
+// chunk names.
+
+#include <fuzzer/FuzzedDataProvider.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "../png_writer.h"
+#include "codec/image_codec.h"
+#include "conveyor/datasets.h"
+#include "conveyor/random.h"
+
+namespace {
+
+using conveyor::DecodedImage;
+using conveyor::DecodeLimits;
+using conveyor::DecodeOptions;
+using conveyor::ImageTransform;
+using conveyor::ImageWriter;
+namespace detail = conveyor::detail;
+
+constexpr size_t kConfigBytes = 16;
+
+void check(bool ok, const char* what) {
+  if (!ok) {
+    std::fprintf(stderr, "conveyor-png-fuzz: broken guarantee: %s\n", what);
+    std::abort();
+  }
+}
+
+uint64_t pick_limit(FuzzedDataProvider& cfg) {
+  const uint8_t v = cfg.ConsumeIntegral<uint8_t>();
+  if (v < 192) return DecodeLimits{}.max_pixels;
+  static constexpr uint64_t kSmall[] = {1, 64, 4096, 1u << 20};
+  return kSmall[v % 4];
+}
+
+void run_decoder(FuzzedDataProvider& cfg, const uint8_t* png, size_t size) {
+  DecodeOptions o;
+  o.channels = cfg.ConsumeBool() ? 4 : 3;
+  const uint64_t max_pixels = pick_limit(cfg);
+  static std::map<std::tuple<int, uint64_t>, std::unique_ptr<detail::ImageDecoder>> cache;
+  auto& decoder = cache[{o.channels, max_pixels}];
+  if (!decoder) {
+    decoder = detail::make_image_decoder(detail::ImageFormat::kPng, DecodeLimits{max_pixels}, o);
+  }
+  const uint16_t bx = cfg.ConsumeIntegral<uint16_t>(), by = cfg.ConsumeIntegral<uint16_t>();
+  const uint16_t bw = cfg.ConsumeIntegral<uint16_t>(), bh = cfg.ConsumeIntegral<uint16_t>();
+  const detail::ImageInfo info = decoder->begin(png, size);
+  check(info.width >= 1 && info.height >= 1, "a non-empty header");
+  check(static_cast<uint64_t>(info.width) * info.height <= max_pixels, "the pixel limit");
+  const int x = static_cast<int>(static_cast<uint64_t>(bx) * info.width / 65536);
+  const int y = static_cast<int>(static_cast<uint64_t>(by) * info.height / 65536);
+  const int w = 1 + static_cast<int>(static_cast<uint64_t>(bw) * (info.width - x) / 65536);
+  const int h = 1 + static_cast<int>(static_cast<uint64_t>(bh) * (info.height - y) / 65536);
+  const DecodedImage image = decoder->finish_region(x, y, w, h, w, h);
+  check(image.width == w && image.height == h, "the region asked for");
+  check(image.channels == o.channels, "channels as asked");
+  check(image.stride >= static_cast<size_t>(image.width) * image.channels, "stride >= row");
+  unsigned sum = 0;  // every byte read, so that ASan sees an out-of-bounds result
+  for (int r = 0; r < image.height; ++r) {
+    const uint8_t* row = image.pixels + static_cast<size_t>(r) * image.stride;
+    for (size_t i = 0; i < static_cast<size_t>(image.width) * image.channels; ++i) sum += row[i];
+  }
+  volatile unsigned sink = sum;
+  (void)sink;
+}
+
+void run_writer(FuzzedDataProvider& cfg, const uint8_t* png, size_t size) {
+  ImageTransform t;
+  t.mode = static_cast<ImageTransform::Mode>(cfg.ConsumeIntegralInRange<int>(0, 2));
+  t.size = cfg.ConsumeIntegralInRange<int>(1, 64);
+  t.resize = t.size + cfg.ConsumeIntegralInRange<int>(0, 16);
+  t.layout = cfg.ConsumeBool() ? conveyor::ImageLayout::kHWC : conveyor::ImageLayout::kCHW;
+  t.flip_probability = 0.5;
+  t.limits.max_pixels = pick_limit(cfg);
+  static std::map<std::tuple<int, int, int, int, uint64_t>, std::unique_ptr<ImageWriter>> cache;
+  auto& writer = cache[{static_cast<int>(t.mode), t.size, t.resize, static_cast<int>(t.layout),
+                        t.limits.max_pixels}];
+  if (!writer) writer = std::make_unique<ImageWriter>(t);
+  conveyor::SampleContext ctx;
+  ctx.seed = cfg.ConsumeIntegral<uint32_t>();
+  ctx.index = cfg.ConsumeIntegral<uint16_t>();
+  std::vector<std::byte> out(static_cast<size_t>(t.size) * t.size * 3);  // exact: ASan guards it
+  writer->write(png, size, ctx, out.data());
+}
+
+int write_seeds(const char* dir) {
+  using conveyor::testing::PngSpec;
+  std::vector<std::vector<uint8_t>> files;
+  uint64_t seed = 1;
+  const int sizes[][2] = {{1, 1}, {7, 3}, {13, 17}};
+  for (PngSpec kind : conveyor::testing::every_png_kind()) {
+    for (const auto& wh : sizes) {
+      kind.width = wh[0];
+      kind.height = wh[1];
+      kind.interlaced = seed % 2 == 0;
+      kind.transparency = seed % 3 == 0 && kind.color_type != 4 && kind.color_type != 6;
+      files.push_back(conveyor::testing::make_png(kind, seed++).bytes);
+    }
+  }
+  files.push_back(conveyor::testing::png_declaring(100000, 100000));
+  uint64_t state = 54321;
+  int n = 0;
+  for (std::vector<uint8_t>& file : files) {
+    for (size_t i = 0; i < kConfigBytes; ++i) {
+      state = conveyor::splitmix64(state);
+      file.push_back(static_cast<uint8_t>(state));
+    }
+    const std::string path = std::string(dir) + "/seed-" + std::to_string(n++) + ".png";
+    FILE* f = std::fopen(path.c_str(), "wb");
+    if (f == nullptr || std::fwrite(file.data(), 1, file.size(), f) != file.size() ||
+        std::fclose(f) != 0) {
+      std::perror(path.c_str());
+      return 1;
+    }
+  }
+  std::printf("conveyor-png-fuzz: wrote %d seeds to %s\n", n, dir);
+  return 0;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
+  if (*argc >= 3 && std::strcmp((*argv)[1], "--write-seeds") == 0) {
+    std::exit(write_seeds((*argv)[2]));
+  }
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < kConfigBytes) return 0;
+  const size_t png_size = size - kConfigBytes;
+  FuzzedDataProvider cfg(data + png_size, kConfigBytes);
+  // The PNG in a buffer of its own size, so that ASan sees a read past its end.
+  const std::vector<uint8_t> png(data, data + png_size);
+  try {
+    if (cfg.ConsumeBool()) {
+      run_writer(cfg, png.data(), png.size());
+    } else {
+      run_decoder(cfg, png.data(), png.size());
+    }
+  } catch (const std::runtime_error&) {
+  }
+  return 0;
+}
