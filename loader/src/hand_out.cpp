@@ -197,14 +197,14 @@ DataLoader::Poll DataLoader::Impl::poll_until(Clock::time_point deadline) {
   }
   // The fields the batch stage replaced (the slot's views of them are stale), pinned as the
   // rest of the batch is with pin_memory; made before the batch, as it may throw.
-  std::vector<at::Tensor> replaced;
+  std::vector<at::Tensor> replaced = std::move(meta_[*slot]->transformed);
   try {
-    replaced = meta.transformed;
     for (at::Tensor& t : replaced) {
       if (t.defined() && options_.pin_memory && cuda_available()) t = t.pin_memory();
     }
     result.batch = host_->make(*slot, header(*slot));
   } catch (...) {  // the slot is still ours (kReady): hand it out next time
+    meta_[*slot]->transformed = std::move(replaced);
     held_back_ = *slot;
     throw;
   }
