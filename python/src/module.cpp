@@ -349,6 +349,7 @@ PYBIND11_MODULE(_C, m) {
 
   bind_options(m);
   bind_fields(m);
+  bind_augment(m);
   m.attr("AUTO_WORKERS") = conveyor::kAutoWorkers;  // LoaderOptions.workers for "auto"
   m.attr("SIMD_DCT_SCALES") = conveyor::kSimdDctScales;
   m.attr("FULL_DCT_SCALE") = conveyor::kFullDctScale;
