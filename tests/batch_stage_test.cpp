@@ -12,6 +12,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
@@ -237,6 +238,58 @@ TEST(BatchStage, APipelineThatCannotTakeTheFieldsIsRefusedNamingTheOp) {
     const std::string what = e.what();
     EXPECT_NE(what.find("batch_transform Compose([RandomErasing"), std::string::npos) << what;
     EXPECT_NE(what.find("no field \"image\""), std::string::npos) << what;
+  }
+}
+
+// Fixed fields (value, label) and a ragged one (items: index % 5 bytes, each the index's low
+// byte), so that a test sees the stage leave ragged fields as they were.
+class RaggedSource final : public SampleSource {
+ public:
+  size_t size() const override { return 30; }
+  std::vector<FieldSpec> fields() const override {
+    return {{"value", c10::ScalarType::Long, {}},
+            {"label", c10::ScalarType::Long, {}},
+            {"items", c10::ScalarType::Byte, {}, 8}};
+  }
+  void write_sample(const SampleContext& ctx, std::byte* const* fields) override {
+    const auto v = static_cast<int64_t>(ctx.index);
+    std::memcpy(fields[0], &v, sizeof v);
+    std::memcpy(fields[1], &v, sizeof v);
+    RaggedRow row(fields[2]);
+    const auto count = static_cast<int64_t>(ctx.index % 5);
+    std::memset(row.items(), static_cast<int>(ctx.index & 0xff), static_cast<size_t>(count));
+    row.set_count(count);
+  }
+};
+
+TEST(BatchStage, RaggedFieldsPassUntouchedOnBothPaths) {
+  for (const bool copy_stage : {false, true}) {
+    const std::string where = copy_stage ? "copy stage" : "CPU";
+    const auto batches = [&](std::shared_ptr<const BatchOp> op) {
+      DataLoader loader(std::make_shared<RaggedSource>(), config(3, 1, std::move(op)), nullptr,
+                        copy_stage ? std::make_unique<InstantCopyEngine>() : nullptr);
+      std::vector<Batch> got;
+      for (Batch& b : loader) {
+        Batch kept = b;
+        for (auto* of : {&kept.fields, &kept.offsets}) {
+          for (at::Tensor& t : *of) {
+            if (t.defined()) t = t.clone();
+          }
+        }
+        got.push_back(std::move(kept));
+      }
+      return got;
+    };
+    const std::vector<Batch> plain = batches(nullptr);
+    const std::vector<Batch> staged = batches(std::make_shared<Probe>());
+    ASSERT_EQ(plain.size(), staged.size()) << where;
+    for (size_t i = 0; i < plain.size(); ++i) {
+      EXPECT_TRUE(staged[i].fields[0].equal(plain[i].fields[0])) << where << " " << i;
+      EXPECT_TRUE(staged[i].fields[1].equal(plain[i].fields[1] + 100)) << where << " " << i;
+      EXPECT_TRUE(staged[i].fields[2].equal(plain[i].fields[2])) << where << " " << i;
+      EXPECT_TRUE(staged[i].offsets[2].equal(plain[i].offsets[2])) << where << " " << i;
+      EXPECT_GT(staged[i].fields[2].numel(), 0) << where << " " << i;
+    }
   }
 }
 
