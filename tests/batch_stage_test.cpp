@@ -162,10 +162,12 @@ TEST_F(BatchStageTest, AResumeAtEverySavePointGivesTheSameBatches) {
   }
 }
 
-// Records the threads it ran on, and fails on one chosen batch.
+// Records the threads it ran on, fails on one chosen batch, and may take its time (a sleep).
 class Probe final : public BatchOp {
  public:
-  explicit Probe(std::optional<size_t> fail_on = std::nullopt) : fail_on_(fail_on) {}
+  explicit Probe(std::optional<size_t> fail_on = std::nullopt,
+                 std::chrono::milliseconds delay = std::chrono::milliseconds(0))
+      : fail_on_(fail_on), delay_(delay) {}
   std::string name() const override { return "Probe()"; }
   std::vector<FieldSpec> out_fields(std::vector<FieldSpec> in) const override { return in; }
   void apply(BatchFields& batch, const BatchContext& ctx) const override {
@@ -174,6 +176,7 @@ class Probe final : public BatchOp {
       threads_.insert(std::this_thread::get_id());
     }
     if (fail_on_ && ctx.sequence == *fail_on_) throw std::runtime_error("synthetic op failure");
+    if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
     batch["label"].add_(100);
   }
   std::set<std::thread::id> threads() const {
@@ -183,12 +186,13 @@ class Probe final : public BatchOp {
 
  private:
   std::optional<size_t> fail_on_;
+  std::chrono::milliseconds delay_;
   mutable std::mutex mutex_;
   mutable std::set<std::thread::id> threads_;
 };
 
 TEST(BatchStage, RunsOffTheConsumersThreadOnACpuLoader) {
-  auto probe = std::make_shared<Probe>();
+  auto probe = std::make_shared<Probe>(std::nullopt, std::chrono::milliseconds(2));
   DataLoader loader(std::make_shared<IndexSource>(64), config(3, 2, probe));
   size_t rows = 0;
   for (Batch& b : loader) {
@@ -201,6 +205,11 @@ TEST(BatchStage, RunsOffTheConsumersThreadOnACpuLoader) {
   EXPECT_EQ(rows, 64u);
   EXPECT_FALSE(probe->threads().empty());
   EXPECT_EQ(probe->threads().count(std::this_thread::get_id()), 0u);
+  // The workers' time in the stage is counted: at least the 2 ms each of the 16 batches slept.
+  EXPECT_GE(loader.stats().transform_seconds, 0.032);
+  DataLoader plain(std::make_shared<IndexSource>(8), config(1, 0, nullptr));
+  for (Batch& b : plain) (void)b;
+  EXPECT_EQ(plain.stats().transform_seconds, 0.0);
 }
 
 TEST(BatchStage, AFailingOpFailsItsBatchNamingTheOpAndTheEpochGoesOn) {

@@ -1,5 +1,6 @@
 #include "device_stager.h"
 
+#include <chrono>
 #include <utility>
 
 #include <c10/core/StreamGuard.h>
@@ -7,6 +8,24 @@
 #include "conveyor/internal/invariant.h"
 
 namespace conveyor::detail {
+namespace {
+
+// Adds the time from its making to its destruction to `total` (seconds), however the scope ends.
+class TimeSpent {
+ public:
+  explicit TimeSpent(double& total) : total_(total) {}
+  TimeSpent(const TimeSpent&) = delete;
+  TimeSpent& operator=(const TimeSpent&) = delete;
+  ~TimeSpent() {
+    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  double& total_;
+};
+
+}  // namespace
 
 std::vector<at::Tensor> fenced_tensors(const Batch& batch, const c10::Stream& stream) {
   std::vector<at::Tensor> tensors;
@@ -54,6 +73,7 @@ void DeviceStager::stage(Batch batch, const std::vector<at::Tensor>& host,
     }
     staged.batch.copy_fence = std::move(copy.fence);
     if (batch_stage_) {
+      const TimeSpent spent(transform_seconds_);
       Batch& b = staged.batch;
       const std::optional<c10::Stream> side = engine_->stream();
       if (side) {

@@ -88,6 +88,8 @@ class DeviceStager {
   // Forgets every staged batch (a cancelled epoch); their slots come back through on_finished.
   void clear();
 
+  // Time spent queuing (or, without a stream, running) the batch stage's ops, in seconds.
+  double transform_seconds() const { return transform_seconds_; }
   CopyEngine& engine() { return *engine_; }
   const CopyEngine& engine() const { return *engine_; }
 
@@ -100,6 +102,7 @@ class DeviceStager {
 
   std::unique_ptr<CopyEngine> engine_;
   std::shared_ptr<const BatchStage> batch_stage_;
+  double transform_seconds_ = 0;
   std::vector<Staged> ring_;  // depth entries; [head_, head_ + count_) modulo depth are staged
   size_t head_ = 0;
   size_t count_ = 0;

@@ -158,6 +158,8 @@ LoaderStats DataLoader::Impl::stats() const {
   s.fill_seconds = filler_->fill_seconds();
   s.wait_seconds = wait_seconds_;
   s.copy_issue_seconds = copy_issue_seconds_;
+  s.transform_seconds = static_cast<double>(transform_ns_.load()) * 1e-9 +
+                        (stager_ ? stager_->transform_seconds() : 0.0);
   s.copies_to_host = host_ ? host_->copies_to_host() : 0;
   s.slot_states = shared_->ring.count_states();
   s.skipped = filler_->skipped().count();
@@ -199,6 +201,7 @@ void DataLoader::Impl::worker_loop(size_t worker) {
 }
 
 void DataLoader::Impl::transform_on_worker(uint32_t slot, detail::SlotMeta& meta) noexcept {
+  const auto t0 = Clock::now();
   try {
     const size_t rows = meta.indices.size();
     const detail::SlotTensors views =
@@ -215,6 +218,8 @@ void DataLoader::Impl::transform_on_worker(uint32_t slot, detail::SlotMeta& meta
     meta.transformed.clear();
     meta.stage_error = std::current_exception();
   }
+  transform_ns_.fetch_add(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -418,7 +423,8 @@ std::optional<uint32_t> DataLoader::Impl::take_next(Clock::time_point deadline) 
 void DataLoader::Impl::tune() {
   if (!tuner_) return;
   const size_t active = tuner_->observe(
-      {detail::seconds_since(created_), wait_seconds_, filler_->fill_seconds(), samples_});
+      {detail::seconds_since(created_), wait_seconds_,
+       filler_->fill_seconds() + static_cast<double>(transform_ns_.load()) * 1e-9, samples_});
   if (active != gate_.active()) {
     gate_.set_active(active);
     depth_ = tuner_->depth();

@@ -198,6 +198,7 @@ class DataLoader::Impl {
   std::unique_ptr<detail::DeviceStager> stager_;  // null on the CPU path; before shared_ dies
   std::optional<detail::HostBatches> host_;       // the CPU path
   std::vector<std::unique_ptr<detail::SlotMeta>> meta_;
+  std::atomic<uint64_t> transform_ns_{0};  // the workers' time in the batch stage (CPU path)
 
   // Stage to stage.
   detail::JobQueue jobs_;

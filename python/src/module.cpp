@@ -234,6 +234,7 @@ py::dict stats_dict(const LoaderStats& s) {
   d["skipped_samples"] = skipped;
   d["fill_seconds"] = s.fill_seconds;
   d["copy_issue_seconds"] = s.copy_issue_seconds;
+  d["transform_seconds"] = s.transform_seconds;
   d["wait_seconds"] = s.wait_seconds;
   py::dict slots;
   for (size_t i = 0; i < s.slot_states.size(); ++i) {
