@@ -5,6 +5,7 @@
 // stopped including it. The same target compiles tests/consumer/main.cpp, the installed package's
 // consumer, whose main() runs conveyor::DataLoader and the drop-in (its templates instantiated
 // here, as C++17) and fails if a sample is missing or delivered twice.
+#include "conveyor/augment.h"
 #include "conveyor/conveyor.h"
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"

@@ -17,6 +17,8 @@ void SlotMeta::reset(size_t seq, uint64_t gen, uint64_t ep, size_t rows, size_t 
   cancelled.store(false, std::memory_order_relaxed);
   failed_row.store(kNoFailure, std::memory_order_relaxed);
   error = nullptr;
+  stage_error = nullptr;
+  transformed.clear();
   // Release: a worker that sees the job (queued after this) sees all of the above.
   remaining.store(jobs, std::memory_order_release);
 }

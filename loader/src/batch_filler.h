@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
+
 #include "conveyor/datasets.h"
 #include "conveyor/decode_balance.h"
 #include "conveyor/loader.h"
@@ -67,6 +69,11 @@ struct SlotMeta {
   size_t error_index = 0;
   std::string error_path;
   std::string error_message;
+  // The batch stage on the CPU path (batch_stage.h), written by the worker that finished the
+  // batch: the tensors that replace the slot's views (undefined for a field the ops left in
+  // place), or the stage's failure.
+  std::vector<at::Tensor> transformed;
+  std::exception_ptr stage_error;
 
   bool failed() const { return failed_row.load() != kNoFailure; }
   // Prepares the meta for a new batch of `rows` rows in `jobs` jobs (consumer, before queuing;

@@ -1,10 +1,31 @@
 #include "device_stager.h"
 
+#include <chrono>
 #include <utility>
+
+#include <c10/core/StreamGuard.h>
 
 #include "conveyor/internal/invariant.h"
 
 namespace conveyor::detail {
+namespace {
+
+// Adds the time from its making to its destruction to `total` (seconds), however the scope ends.
+class TimeSpent {
+ public:
+  explicit TimeSpent(double& total) : total_(total) {}
+  TimeSpent(const TimeSpent&) = delete;
+  TimeSpent& operator=(const TimeSpent&) = delete;
+  ~TimeSpent() {
+    total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  double& total_;
+};
+
+}  // namespace
 
 std::vector<at::Tensor> fenced_tensors(const Batch& batch, const c10::Stream& stream) {
   std::vector<at::Tensor> tensors;
@@ -17,8 +38,9 @@ std::vector<at::Tensor> fenced_tensors(const Batch& batch, const c10::Stream& st
   return tensors;
 }
 
-DeviceStager::DeviceStager(std::unique_ptr<CopyEngine> engine, size_t depth)
-    : engine_(std::move(engine)), ring_(depth) {
+DeviceStager::DeviceStager(std::unique_ptr<CopyEngine> engine, size_t depth,
+                           std::shared_ptr<const BatchStage> stage)
+    : engine_(std::move(engine)), batch_stage_(std::move(stage)), ring_(depth) {
   CONVEYOR_CHECK(engine_ != nullptr && depth >= 1, "a stager has an engine and a depth");
 }
 
@@ -50,7 +72,21 @@ void DeviceStager::stage(Batch batch, const std::vector<at::Tensor>& host,
       to[targets[i].field] = std::move(copy.tensors[i]);
     }
     staged.batch.copy_fence = std::move(copy.fence);
-  } catch (...) {  // the engine has handed the slot back through on_finished
+    if (batch_stage_) {
+      const TimeSpent spent(transform_seconds_);
+      Batch& b = staged.batch;
+      const std::optional<c10::Stream> side = engine_->stream();
+      if (side) {
+        const c10::StreamGuard on_side(*side);  // the ops queue after the copy
+        batch_stage_->run(b.fields, b.indices, b.epoch, b.sequence);
+        b.copy_fence = fence_after_stage(std::move(b.copy_fence), *side);
+      } else {
+        const CopyFence& fence = *b.copy_fence;
+        fence.use_on(fence.current_stream(), fenced_tensors(b, fence.current_stream()));
+        batch_stage_->run(b.fields, b.indices, b.epoch, b.sequence);
+      }
+    }
+  } catch (...) {  // the engine hands the slot back through on_finished
     staged.failure = std::current_exception();
     staged.batch.fields.clear();
     staged.batch.offsets.clear();

@@ -30,6 +30,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "batch_stage.h"
 #include "conveyor/loader.h"
 #include "conveyor/pinned.h"
 #include "conveyor/prefetch.h"
@@ -49,7 +50,11 @@ std::vector<at::Tensor> fenced_tensors(const Batch& batch, const c10::Stream& st
 
 class DeviceStager {
  public:
-  DeviceStager(std::unique_ptr<CopyEngine> engine, size_t depth);
+  // `stage`, when not null, runs on each batch after its copy (batch_stage.h): with the engine's
+  // side stream current, and the batch's fence then orders the ops too. An engine without a
+  // stream of its own (host-side test engines) has the copy waited for, then the ops run.
+  DeviceStager(std::unique_ptr<CopyEngine> engine, size_t depth,
+               std::shared_ptr<const BatchStage> stage = nullptr);
   // Drops what is staged, then destroys the engine, which waits for its copies and callbacks.
   ~DeviceStager();
   DeviceStager(const DeviceStager&) = delete;
@@ -64,7 +69,8 @@ class DeviceStager {
   // the copy of host[i] becomes the batch's tensor that targets[i] names. `batch` is the batch
   // without those tensors (its fields and offsets sized to its fields: host_only fields already
   // there, on the CPU). on_finished hands the slot back; it runs exactly once, also when the copy
-  // cannot start (then the failure is staged in the batch's place). Never throws.
+  // cannot start (then the failure is staged in the batch's place), and when the batch stage
+  // fails (its BatchTransformError is staged in the batch's place). Never throws.
   void stage(Batch batch, const std::vector<at::Tensor>& host,
              const std::vector<CopyTarget>& targets, const std::vector<DeviceRows>& on_device,
              CudaEvent* slot_event, std::function<void()> on_finished) noexcept;
@@ -82,6 +88,8 @@ class DeviceStager {
   // Forgets every staged batch (a cancelled epoch); their slots come back through on_finished.
   void clear();
 
+  // Time spent queuing (or, without a stream, running) the batch stage's ops, in seconds.
+  double transform_seconds() const { return transform_seconds_; }
   CopyEngine& engine() { return *engine_; }
   const CopyEngine& engine() const { return *engine_; }
 
@@ -93,6 +101,8 @@ class DeviceStager {
   Staged& push_slot();
 
   std::unique_ptr<CopyEngine> engine_;
+  std::shared_ptr<const BatchStage> batch_stage_;
+  double transform_seconds_ = 0;
   std::vector<Staged> ring_;  // depth entries; [head_, head_ + count_) modulo depth are staged
   size_t head_ = 0;
   size_t count_ = 0;

@@ -56,13 +56,17 @@ void DataLoader::Impl::build() {
   if (to_cuda && copy_engine->device().has_index()) {
     ring.cuda_device = copy_engine->device().index();
   }
+  if (options_.batch_transform) {  // throws for a pipeline that cannot take the fields
+    batch_stage_ = std::make_shared<const detail::BatchStage>(options_.batch_transform, fields_,
+                                                              options_.seed);
+  }
   shared_ = std::make_shared<detail::SharedRing>(std::move(ring));
   const std::string ring_mode = std::string(shared_->ring.is_pinned() ? "pinned" : "pageable") +
                                 " host ring of " + std::to_string(shared_->ring.slots()) + " slots";
   if (copy_engine) {
     mode_ = ring_mode + ", side-stream copies to " + copy_engine->device().str();
-    stager_ =
-        std::make_unique<detail::DeviceStager>(std::move(copy_engine), options_.prefetch_factor);
+    stager_ = std::make_unique<detail::DeviceStager>(std::move(copy_engine),
+                                                     options_.prefetch_factor, batch_stage_);
   } else {
     const CudaStatus cuda = cuda_status();
     mode_ = "CPU only (" +
@@ -154,6 +158,8 @@ LoaderStats DataLoader::Impl::stats() const {
   s.fill_seconds = filler_->fill_seconds();
   s.wait_seconds = wait_seconds_;
   s.copy_issue_seconds = copy_issue_seconds_;
+  s.transform_seconds = static_cast<double>(transform_ns_.load()) * 1e-9 +
+                        (stager_ ? stager_->transform_seconds() : 0.0);
   s.copies_to_host = host_ ? host_->copies_to_host() : 0;
   s.slot_states = shared_->ring.count_states();
   s.skipped = filler_->skipped().count();
@@ -187,8 +193,33 @@ void DataLoader::Impl::worker_loop(size_t worker) {
       const trace::Range chunk(trace::Name::kChunk, meta.sequence);
       last = filler_->fill(worker, job->slot, job->chunk, meta);
     }
+    if (last && batch_stage_ && !stager_ && !meta.failed() && !meta.cancelled.load()) {
+      transform_on_worker(job->slot, meta);
+    }
     if (last) completed_.push(job->slot);
   }
+}
+
+void DataLoader::Impl::transform_on_worker(uint32_t slot, detail::SlotMeta& meta) noexcept {
+  const auto t0 = Clock::now();
+  try {
+    const size_t rows = meta.indices.size();
+    const detail::SlotTensors views =
+        detail::slot_views(shared_->ring, slot, fields_, rows, options_.batch_size);
+    std::vector<at::Tensor> tensors = views.fields;
+    batch_stage_->run(tensors, meta.indices, meta.epoch, meta.sequence);
+    meta.transformed.resize(fields_.size());
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      if (batch_stage_->sees(f) && !tensors[f].is_same(views.fields[f])) {
+        meta.transformed[f] = std::move(tensors[f]);
+      }
+    }
+  } catch (...) {  // BatchTransformError, or an allocation that failed around it
+    meta.transformed.clear();
+    meta.stage_error = std::current_exception();
+  }
+  transform_ns_.fetch_add(static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -392,7 +423,8 @@ std::optional<uint32_t> DataLoader::Impl::take_next(Clock::time_point deadline) 
 void DataLoader::Impl::tune() {
   if (!tuner_) return;
   const size_t active = tuner_->observe(
-      {detail::seconds_since(created_), wait_seconds_, filler_->fill_seconds(), samples_});
+      {detail::seconds_since(created_), wait_seconds_,
+       filler_->fill_seconds() + static_cast<double>(transform_ns_.load()) * 1e-9, samples_});
   if (active != gate_.active()) {
     gate_.set_active(active);
     depth_ = tuner_->depth();

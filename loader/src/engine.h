@@ -49,6 +49,7 @@
 #include <torch/serialize/archive.h>
 
 #include "batch_filler.h"
+#include "batch_stage.h"
 #include "checkpoint.h"
 #include "conveyor/loader.h"
 #include "device_stager.h"
@@ -135,6 +136,9 @@ class DataLoader::Impl {
   void pass_over(size_t sequence);
 
   void worker_loop(size_t worker);
+  // The batch stage on the CPU path: runs the pipeline on the ready batch in `slot` (the calling
+  // worker finished it and owns it), keeping its result or failure in `meta`. Never throws.
+  void transform_on_worker(uint32_t slot, detail::SlotMeta& meta) noexcept;
   // Under kAutoWorkers, after each batch handed out: the tuner's choice of active workers and
   // dispatch depth applied.
   void tune();
@@ -187,10 +191,14 @@ class DataLoader::Impl {
   // GPU decode (null unless it runs; its thread stopped by join()): destroyed after the stager,
   // whose copies read its device rows.
   std::unique_ptr<detail::GpuDecodeStage> gpu_;
-  std::string gpu_status_ = "off";                // stats().gpu_decode.status without gpu_
+  std::string gpu_status_ = "off";  // stats().gpu_decode.status without gpu_
+  // LoaderOptions::batch_transform, checked against the fields (null without one); built by
+  // build() before the stager and the workers that run it.
+  std::shared_ptr<const detail::BatchStage> batch_stage_;
   std::unique_ptr<detail::DeviceStager> stager_;  // null on the CPU path; before shared_ dies
   std::optional<detail::HostBatches> host_;       // the CPU path
   std::vector<std::unique_ptr<detail::SlotMeta>> meta_;
+  std::atomic<uint64_t> transform_ns_{0};  // the workers' time in the batch stage (CPU path)
 
   // Stage to stage.
   detail::JobQueue jobs_;

@@ -26,6 +26,7 @@ void DataLoader::Impl::raise_failure(const detail::SlotMeta& meta) const {
   if (meta.cancelled) {
     throw std::logic_error("conveyor: internal error: a cancelled batch reached the consumer");
   }
+  if (meta.stage_error) std::rethrow_exception(meta.stage_error);
   detail::throw_sample_failure(meta.error_index, meta.error_path, meta.sequence, meta.epoch,
                                meta.error_message, meta.error);
 }
@@ -189,16 +190,26 @@ DataLoader::Poll DataLoader::Impl::poll_until(Clock::time_point deadline) {
   const std::optional<uint32_t> slot = take_next(until);
   if (!slot) return nothing_yet();
   const detail::SlotMeta& meta = *meta_[*slot];
-  if (meta.failed() || meta.cancelled) {
+  if (meta.failed() || meta.cancelled || meta.stage_error) {
     ++next_sequence_;
     waiting_since_.reset();
     std::rethrow_exception(take_failure(*slot));
   }
+  // The fields the batch stage replaced (the slot's views of them are stale), pinned as the
+  // rest of the batch is with pin_memory; made before the batch, as it may throw.
+  std::vector<at::Tensor> replaced = std::move(meta_[*slot]->transformed);
   try {
+    for (at::Tensor& t : replaced) {
+      if (t.defined() && options_.pin_memory && cuda_available()) t = t.pin_memory();
+    }
     result.batch = host_->make(*slot, header(*slot));
   } catch (...) {  // the slot is still ours (kReady): hand it out next time
+    meta_[*slot]->transformed = std::move(replaced);
     held_back_ = *slot;
     throw;
+  }
+  for (size_t f = 0; f < replaced.size(); ++f) {
+    if (replaced[f].defined()) result.batch->fields[f] = std::move(replaced[f]);
   }
   ++next_sequence_;
   waiting_since_.reset();

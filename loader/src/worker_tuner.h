@@ -79,7 +79,7 @@ class WorkerTuner {
   struct Counters {
     double seconds = 0;       // since any fixed point (the loader's start)
     double wait_seconds = 0;  // the consumer's waits for a batch
-    double busy_seconds = 0;  // workers' time filling chunks, summed over workers
+    double busy_seconds = 0;  // workers' time filling chunks (and in the batch stage), summed
     uint64_t samples = 0;     // samples handed out
   };
 

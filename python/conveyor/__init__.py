@@ -29,6 +29,7 @@ if _torch.__version__.split("+")[0] != _TORCH_BUILT_AGAINST:
         f"or rebuild conveyor in this environment: python -m pip install --no-build-isolation .")
 
 from . import _C  # noqa: E402  (after the torch check: the extension links this torch)
+from . import augment  # noqa: E402
 from ._errors import SampleError  # noqa: E402
 from .datasets import (Dataset, FileList, ImageFolder, JpegBytes, Manifest,  # noqa: E402
                        PatternDataset, TarShards, UserDataset, expand_shard_braces,

@@ -6,6 +6,8 @@ from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequ
 
 import torch
 
+from . import augment
+
 __version__: str
 IMAGENET_MEAN: Tuple[float, float, float]
 IMAGENET_STD: Tuple[float, float, float]
@@ -220,7 +222,8 @@ class DataLoader:
                  pin_memory_device: str = ..., in_order: bool = ..., seed: int = ...,
                  device: Union[str, torch.device, None] = ..., on_error: str = ...,
                  max_substitutes: int = ..., slots: int = ..., chunk_size: int = ...,
-                 gpu_decode: Union[str, float] = ...) -> None: ...
+                 gpu_decode: Union[str, float] = ...,
+                 batch_transform: Optional[augment.BatchTransform] = ...) -> None: ...
     def __iter__(self) -> Iterator[Batch]: ...
     def __len__(self) -> int: ...
     def set_epoch(self, epoch: int) -> None: ...

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 import torch
 
 from . import _C, _options
+from . import augment as _augment
 from ._errors import SampleError
 from .datasets import Dataset
 from .fields import FieldBatch, make_field_batch
@@ -168,6 +169,9 @@ class DataLoader:
             resume and any num_workers give the same bytes). Where it cannot run, everything is
             decoded on the CPU and stats()["gpu_decode"]["status"] says why; that dict also
             gives each decoder's images and the decode threads' busy and idle seconds.
+        batch_transform: a conveyor.augment op (Compose([...]) for several) run on each batch
+            before it is handed out, on the batch's device, off the training thread (None, the
+            default: none). Batches stay the same for any num_workers and after a resume.
         max_substitutes, slots, chunk_size: the engine's LoaderOptions (loader.h).
         persistent_workers: accepted for compatibility: the workers always persist.
 
@@ -188,7 +192,8 @@ class DataLoader:
                  pin_memory_device: str = "", in_order: bool = True, seed: int = 0,
                  device: Union[str, torch.device, None] = None, on_error: str = "raise",
                  max_substitutes: int = 16, slots: int = 0, chunk_size: int = 0,
-                 gpu_decode: Union[str, float] = "off") -> None:
+                 gpu_decode: Union[str, float] = "off",
+                 batch_transform: Optional[_augment.BatchTransform] = None) -> None:
         if not isinstance(dataset, Dataset):
             if isinstance(dataset, torch.utils.data.Dataset) or hasattr(dataset, "__getitem__"):
                 raise ValueError(
@@ -247,7 +252,8 @@ class DataLoader:
             device=torch.device(device_name), pin_memory=bool(pin_memory),
             prefetch_factor=prefetch_factor, slots=_positive_int(slots, "slots", 0),
             chunk_size=_positive_int(chunk_size, "chunk_size", 0),
-            gpu_decode=_C.GpuDecode.parse(str(gpu_decode)))  # its texts, or a share
+            gpu_decode=_C.GpuDecode.parse(str(gpu_decode)),  # its texts, or a share
+            batch_transform=_augment.op_of(batch_transform))
         self.dataset = dataset
         self.sampler = sampler
         source = dataset._claim()

@@ -64,6 +64,8 @@ class Source {
 // (options.cpp). Durations are seconds; an enum's value names are the texts the Python API takes.
 // Binds Field and the sources of named fields (fields.cpp).
 void bind_fields(py::module_& m);
+// conveyor._C.augment: the batch ops (augment.cpp).
+void bind_augment(py::module_& m);
 
 void bind_options(py::module_& m);
 

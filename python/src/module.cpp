@@ -234,6 +234,7 @@ py::dict stats_dict(const LoaderStats& s) {
   d["skipped_samples"] = skipped;
   d["fill_seconds"] = s.fill_seconds;
   d["copy_issue_seconds"] = s.copy_issue_seconds;
+  d["transform_seconds"] = s.transform_seconds;
   d["wait_seconds"] = s.wait_seconds;
   py::dict slots;
   for (size_t i = 0; i < s.slot_states.size(); ++i) {
@@ -351,6 +352,7 @@ PYBIND11_MODULE(_C, m, pybind11::mod_gil_not_used()) {
 
   bind_options(m);
   bind_fields(m);
+  bind_augment(m);
   m.attr("AUTO_WORKERS") = conveyor::kAutoWorkers;  // LoaderOptions.workers for "auto"
   m.attr("SIMD_DCT_SCALES") = conveyor::kSimdDctScales;
   m.attr("FULL_DCT_SCALE") = conveyor::kFullDctScale;

@@ -163,7 +163,15 @@ void bind_options(py::module_& m) {
       .def_readwrite("prefetch_factor", &LoaderOptions::prefetch_factor)
       .def_readwrite("slots", &LoaderOptions::slots)
       .def_readwrite("chunk_size", &LoaderOptions::chunk_size)
-      .def_readwrite("gpu_decode", &LoaderOptions::gpu_decode);
+      .def_readwrite("gpu_decode", &LoaderOptions::gpu_decode)
+      .def_property(
+          "batch_transform",
+          [](const LoaderOptions& o) -> std::optional<std::string> {
+            if (!o.batch_transform) return std::nullopt;
+            return o.batch_transform->name();
+          },
+          [](LoaderOptions& o, std::shared_ptr<BatchOp> op) { o.batch_transform = std::move(op); },
+          "a conveyor._C.augment op or None; reads back as the op's name");
 }
 
 }  // namespace conveyor::python

@@ -29,6 +29,8 @@ LOADER_VALUES = {
     "slots": 9,
     "chunk_size": 2,
     "gpu_decode": {"mode": "share", "share": 0.25, "threads": 3, "max_batch": 300},
+    # Set as an op (conveyor.augment), read back as its name.
+    "batch_transform": "RandomErasing(p=0.25, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=[0])",
 }
 
 
@@ -41,6 +43,8 @@ def _struct_value(field: str, value):
     if field == "gpu_decode":
         mode = _options.choice(_C.GpuDecode.Mode, value["mode"], "gpu_decode mode")
         return _options.make(_C.GpuDecode, **{**value, "mode": mode})
+    if field == "batch_transform":
+        return conveyor.augment.op_of(conveyor.augment.RandomErasing(p=0.25))
     return value
 
 
@@ -78,7 +82,7 @@ def test_the_dataloader_keywords_fill_the_engines_options(photos):
             "batch_size": 3, "workers": 3, "max_workers": 3, "drop_last": True,
             "enforce_ordering": False, "timeout": 2.5, "seed": 11, "on_error": "skip",
             "max_substitutes": 5, "device": "cpu", "pin_memory": True, "prefetch_factor": 3,
-            "slots": 9, "chunk_size": 2, "gpu_decode": "0.25"}
+            "slots": 9, "chunk_size": 2, "gpu_decode": "0.25", "batch_transform": None}
         assert (loader.batch_size, loader.drop_last, loader.device) == (3, True,
                                                                       torch.device("cpu"))
     finally:

@@ -28,6 +28,7 @@ enum class ErrorPolicy {
 inline constexpr size_t kAutoWorkers = SIZE_MAX;
 
 class DeviceDecoderFactory;  // conveyor/gpu_decode.h
+class BatchOp;               // conveyor/augment.h
 
 // GPU decode: the JPEGs of a source's image field decoded on the GPU's hardware JPEG engines
 // (nvJPEG's hardware backend on an A100, H100 or H200) as well as by the workers, each image
@@ -120,6 +121,17 @@ struct LoaderOptions {
   size_t chunk_size = 0;
   // Decoding on the GPU's hardware JPEG engines as well (see GpuDecode); off by default.
   GpuDecode gpu_decode;
+  // The batch stage: ops (conveyor/augment.h; several of them through compose()) run on each
+  // batch, on the batch's device, before it is handed out: on a CPU loader by the worker that
+  // finishes the batch (never on the thread that iterates the loader), on a CUDA loader on the
+  // copy's side stream after the copy and before the batch's fence. Their randomness comes from
+  // (seed, epoch, the batch's sequence and indices), so batches stay identical for any number of
+  // workers and after a resume. The ops see the fixed fields that go to the device; a field they
+  // change (Normalize: uint8 -> float; MixUp: int64 labels -> float [B, classes]) is handed out
+  // as they made it. An op that fails fails its batch with a BatchTransformError naming the op
+  // and the batch; a pipeline that cannot take the source's fields is refused when the loader is
+  // built (std::invalid_argument). None by default.
+  std::shared_ptr<const BatchOp> batch_transform;
 };
 
 }  // namespace conveyor

@@ -64,6 +64,10 @@ struct LoaderStats {
   // Under kAutoWorkers: the active workers from the start, then every change (the first 4096).
   std::vector<ActiveWorkers> active_workers_history;
   GpuDecodeStats gpu_decode;  // the split between the decoders (LoaderOptions::gpu_decode)
+  // Time the batch stage (LoaderOptions::batch_transform) took: the workers' time running it on a
+  // CPU loader (summed over workers), the consumer's time queuing its ops on a CUDA loader (part
+  // of copy_issue_seconds there). 0 without a batch_transform.
+  double transform_seconds = 0;
 };
 
 }  // namespace conveyor

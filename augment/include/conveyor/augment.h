@@ -1,0 +1,187 @@
+// conveyor/augment.h: batch ops, the augmentations a loader runs on each whole batch, on the
+// batch's device, before it hands the batch out (LoaderOptions::batch_transform).
+//
+// What it is for: the recipes' batch-level work (normalization, random erasing, MixUp and CutMix,
+// and next the TrivialAugment / RandAugment family) done by the loader, off the training thread
+// (on a CPU loader, by the worker that finished the batch) or on the loader's side stream (on a
+// CUDA loader, after the batch's copy and before its fence), deterministically: what an op does
+// to a batch is a pure function of the batch's content and its BatchContext, so batches are the
+// same for any number of workers and after a state_dict resume.
+//
+// The contract of a BatchOp:
+//   * out_fields(in): the batch's fields after the op, from those before it, known before the
+//     first batch (the loader calls it once when it starts, with the source's fields, and refuses
+//     a pipeline whose op refuses its input: std::invalid_argument naming the op and the field).
+//     An op keeps every field, in order and by name; it may change a fixed field's dtype and
+//     sample_shape (Normalize: uint8 -> float; MixUp: int64 [] -> float [classes]). Ragged and
+//     host_only fields are not given to ops and stay as they are.
+//   * apply(batch, ctx): writes its result into batch's tensors in place, or replaces a tensor
+//     with a new one on the same device. Each tensor is [B, ...sample_shape] as out_fields()
+//     said; apply_op() checks that the op kept its word (dtype and shape) and turns anything an
+//     op throws into a BatchTransformError naming the op and the batch.
+//   * Randomness: per sample from ctx.sample_rng(row), a pure function of (seed, epoch, dataset
+//     index, view, repeat, op); per batch from ctx.batch_rng(), of (seed, epoch, sequence, op).
+//     Never the global RNG.
+//   * Written once with ATen operations, so that the same code runs on the CPU and on CUDA (under
+//     the loader's side stream as the current stream).
+//   * An op is immutable once made (apply is const) and may be called from several threads at
+//     once, on different batches.
+// Adding an op: its file in augment/src/ (a class deriving from BatchOp and a factory declared
+// below), its test in tests/augment_test.cpp, its binding in python/src/augment.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "conveyor/prefetch.h"
+#include "conveyor/random.h"
+#include "conveyor/sample_source.h"
+
+namespace conveyor {
+
+// What an op may know about the batch besides its tensors.
+struct BatchContext {
+  uint64_t seed = 0;              // the loader's seed (LoaderOptions::seed)
+  uint64_t epoch = 0;             // the batch's epoch
+  size_t sequence = 0;            // the batch's position in its epoch (Batch::sequence)
+  std::vector<size_t> indices;    // the dataset index of each row
+  std::vector<uint32_t> repeats;  // each row's repeat number (0 unless a sampler repeats samples);
+                                  // empty means all 0
+  uint32_t view = 0;              // the view group the batch's images belong to (0: the only one)
+  uint64_t op = 0;  // which op of a pipeline draws: Compose gives each of its ops its own stream
+
+  size_t rows() const { return indices.size(); }
+  // Row `row`'s stream: a pure function of (seed, epoch, indices[row], view, repeats[row], op).
+  SampleRng sample_rng(size_t row) const;
+  // The batch's stream: a pure function of (seed, epoch, sequence, op).
+  SampleRng batch_rng() const;
+  // The context an op's child `k` draws from (Compose): the same batch, another stream.
+  BatchContext child(size_t k) const;
+};
+
+// The batch's tensors an op sees, by name, with their specs: the fixed fields that live on the
+// batch's device, [B, ...spec.sample_shape] each.
+struct BatchFields {
+  std::vector<FieldSpec> specs;
+  std::vector<at::Tensor> tensors;
+
+  // The position of field `name`. Throws std::out_of_range naming it and the fields there are.
+  size_t find(const std::string& name) const;
+  at::Tensor& operator[](const std::string& name) { return tensors[find(name)]; }
+  const FieldSpec& spec(const std::string& name) const { return specs[find(name)]; }
+};
+
+class BatchOp {
+ public:
+  virtual ~BatchOp() = default;
+  // The op and its parameters, as its Python constructor would be written: "RandomErasing(p=0.25)".
+  virtual std::string name() const = 0;
+  // See the contract above. Throws std::invalid_argument when the op cannot take `in`.
+  virtual std::vector<FieldSpec> out_fields(std::vector<FieldSpec> in) const = 0;
+  virtual void apply(BatchFields& batch, const BatchContext& ctx) const = 0;
+};
+
+// An op failed on a batch; what() names the op, the batch (epoch, sequence) and the op's error.
+class BatchTransformError : public std::runtime_error {
+ public:
+  BatchTransformError(const std::string& message, std::string op, uint64_t epoch, size_t sequence,
+                      std::exception_ptr original);
+  const std::string& op() const { return op_; }
+  uint64_t epoch() const { return epoch_; }
+  size_t sequence() const { return sequence_; }
+  // The exception the op threw.
+  std::exception_ptr original() const { return original_; }
+
+ private:
+  std::string op_;
+  uint64_t epoch_;
+  size_t sequence_;
+  std::exception_ptr original_;
+};
+
+// Runs `op` on `batch`: out_fields() of the batch's specs, apply(), then checks that each tensor
+// has the dtype and shape out_fields() declared, on the device it had, and sets the specs to the
+// new ones. Anything thrown (a broken promise included) becomes a BatchTransformError naming
+// `op` and the batch; one from an inner apply_op() (Compose's) passes unchanged.
+void apply_op(const BatchOp& op, BatchFields& batch, const BatchContext& ctx);
+
+// Which layout an image field has: [3, H, W] (kCHW) or [H, W, 3] (kHWC). Throws
+// std::invalid_argument naming `op` and the field unless it is a 3-d field with 3 channels.
+ImageLayout image_layout(const FieldSpec& field, const std::string& op);
+
+// ---------------------------------------------------------------------------------------------
+// The ops (torchvision.transforms.v2's names and semantics unless said otherwise)
+
+// The ops in turn, each drawing its own stream (BatchContext::child).
+std::shared_ptr<const BatchOp> compose(std::vector<std::shared_ptr<const BatchOp>> ops);
+
+// A uint8 image field to `dtype` (float32, float16 or bfloat16) [B,3,H,W]: (x / 255 - mean) / std,
+// by normalize_images()'s rule (conveyor/prefetch.h), which it calls. An HWC field becomes CHW.
+std::shared_ptr<const BatchOp> normalize(const NormalizeOptions& options,
+                                         std::string image = "image");
+
+// Per sample, with probability p, a box of area fraction in [scale_min, scale_max) of the image
+// and aspect ratio in [ratio_min, ratio_max) (log-uniform) set to `value` (one value, or one per
+// channel); torchvision draws up to 10 boxes and erases nothing when none fits, as this does.
+struct RandomErasingOptions {
+  double p = 0.5;
+  double scale_min = 0.02, scale_max = 0.33;
+  double ratio_min = 0.3, ratio_max = 3.3;
+  std::vector<double> value{0.0};
+  std::string image = "image";
+};
+std::shared_ptr<const BatchOp> random_erasing(RandomErasingOptions options);
+
+// timm's Mixup: per batch, lambda ~ Beta(alpha, alpha), and the batch is mixed with itself in
+// reverse row order (row r with row B-1-r). MixUp blends the images: x * lambda + flip(x) *
+// (1 - lambda) (rounded back for uint8 images). CutMix pastes flip(x)'s box of area about
+// (1 - lambda) into x, the box's centre uniform in the image and clipped to it, and corrects
+// lambda to 1 - (the clipped box's area) / (the image's). The label field, int64 [B] of classes in
+// [0, num_classes), becomes float32 [B, num_classes]: smoothed one-hot(y) * lambda + smoothed
+// one-hot(flip(y)) * (1 - lambda), the one-hot smoothed as timm's (off = smoothing / classes,
+// on = 1 - smoothing + off), so each row sums to 1. MixUpCutMix chooses CutMix with probability
+// switch_prob when both alphas are > 0 (else the one that is), per batch, as timm's Mixup with
+// mix_prob 1.
+struct MixUpCutMixOptions {
+  double mixup_alpha = 0.8;
+  double cutmix_alpha = 1.0;
+  double switch_prob = 0.5;
+  double label_smoothing = 0.1;
+  int64_t num_classes = 1000;
+  std::string image = "image";
+  std::string label = "label";
+};
+std::shared_ptr<const BatchOp> mixup_cutmix(MixUpCutMixOptions options);
+// MixUp(alpha) alone, CutMix(alpha) alone: torchvision's defaults (alpha 1, no smoothing).
+std::shared_ptr<const BatchOp> mixup(double alpha, int64_t num_classes,
+                                     double label_smoothing = 0.0, std::string image = "image",
+                                     std::string label = "label");
+std::shared_ptr<const BatchOp> cutmix(double alpha, int64_t num_classes,
+                                      double label_smoothing = 0.0, std::string image = "image",
+                                      std::string label = "label");
+
+// Draws, shared by the ops and their tests (pure functions of the stream they are given).
+namespace augment_draws {
+// Beta(a, b) from two Gamma draws (Marsaglia and Tsang), a, b > 0.
+double beta(SampleRng& rng, double a, double b);
+// A box [y0, y1) x [x0, x1) in an h x w image.
+struct Box {
+  int64_t y0 = 0, y1 = 0, x0 = 0, x1 = 0;
+  int64_t area() const { return (y1 - y0) * (x1 - x0); }
+};
+// CutMix's box for `lambda` (timm's rand_bbox): cut sides h * sqrt(1 - lambda) and
+// w * sqrt(1 - lambda), the centre uniform, clipped to the image.
+Box cutmix_box(SampleRng& rng, int64_t h, int64_t w, double lambda);
+// RandomErasing's box, or an empty box when the sample is not erased (probability 1 - p) or no
+// box fits in 10 tries (torchvision's get_params).
+Box erasing_box(SampleRng& rng, int64_t h, int64_t w, const RandomErasingOptions& options);
+}  // namespace augment_draws
+
+}  // namespace conveyor

@@ -1,0 +1,88 @@
+"""conveyor.augment from Python (issue 34): the issue's example pipeline, minus the ops that do
+not exist yet, run by DataLoader(batch_transform=...): soft targets that sum to 1, float images
+equal to conveyor.normalize of the plain batch where only Normalize runs, the same batches for
+1 and 4 workers and after a state_dict resume, and wrong arguments refused naming the op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import conveyor
+from conftest import CROP
+
+aug = conveyor.augment
+
+
+def recipe():
+    return aug.Compose([aug.RandomErasing(p=0.5), aug.Normalize(conveyor.IMAGENET_MEAN,
+                                                                conveyor.IMAGENET_STD),
+                        aug.MixUpCutMix(mixup_alpha=0.2, cutmix_alpha=1.0, num_classes=3,
+                                        label_smoothing=0.1)])
+
+
+def loader(photos, workers, transform):
+    data = conveyor.ImageFolder(str(photos), transform=conveyor.RandomResizedCrop(CROP))
+    return conveyor.DataLoader(data, batch_size=4, shuffle=True, num_workers=workers, seed=3,
+                               batch_transform=transform)
+
+
+def batches(dl, epochs=2):
+    return [(x.clone(), y.clone()) for _ in range(epochs) for x, y in dl]
+
+
+def test_the_recipe_gives_float_images_and_soft_targets_summing_to_one(photos):
+    dl = loader(photos, 2, recipe())
+    assert "MixUpCutMix(mixup_alpha=0.2" in dl.options["batch_transform"]
+    got = batches(dl, 1)
+    assert len(got) == 7
+    for images, targets in got:
+        assert images.dtype == torch.float32 and images.shape[1:] == (3, CROP, CROP)
+        assert targets.dtype == torch.float32 and targets.shape == (images.shape[0], 3)
+        torch.testing.assert_close(targets.sum(1), torch.ones(images.shape[0]))
+        assert targets.max() < 1  # smoothed: every class keeps some weight
+
+
+def test_normalize_alone_equals_conveyor_normalize_of_the_plain_batch(photos):
+    plain = batches(loader(photos, 2, None), 1)
+    staged = batches(loader(photos, 2, aug.Compose([aug.Normalize()])), 1)
+    assert len(plain) == len(staged)
+    for (x, y), (nx, ny) in zip(plain, staged):
+        assert torch.equal(conveyor.normalize(x), nx)
+        assert torch.equal(y, ny)
+
+
+def test_same_batches_for_one_and_four_workers_and_after_a_resume(photos):
+    reference = batches(loader(photos, 1, recipe()))
+    four = batches(loader(photos, 4, recipe()))
+    assert len(four) == len(reference) == 14
+    for (x, y), (rx, ry) in zip(four, reference):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+    for k in (0, 3, 7, 9):
+        first = loader(photos, 2, recipe())
+        taken = 0
+        while taken < k:  # k batches, into the second epoch for k > 7
+            for _ in first:
+                taken += 1
+                if taken == k:
+                    break
+        state = first.state_dict()
+        first.close()
+        resumed = loader(photos, 4, recipe())
+        resumed.load_state_dict(state)
+        rest = batches(resumed, 2 if k < 7 else 1)
+        assert len(rest) == len(reference) - k, k
+        for (x, y), (rx, ry) in zip(rest, reference[k:]):
+            assert torch.equal(x, rx) and torch.equal(y, ry), k
+
+
+def test_wrong_arguments_are_refused_naming_the_op(photos):
+    with pytest.raises(ValueError, match="RandomErasing needs p in"):
+        aug.RandomErasing(p=2)
+    with pytest.raises(ValueError, match="MixUp/CutMix need"):
+        aug.MixUp(alpha=1.0, num_classes=0)
+    with pytest.raises(ValueError, match="batch_transform must be a conveyor.augment op"):
+        loader(photos, 1, lambda batch: batch)
+    with pytest.raises(ValueError, match=r"batch_transform MixUp\(alpha=1, num_classes=3\) "
+                                         r"cannot take this source's fields: .*no field \"target\""):
+        loader(photos, 1, aug.MixUp(num_classes=3, label="target"))
