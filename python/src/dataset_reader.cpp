@@ -210,6 +210,36 @@ class BufferView {
 
 }  // namespace
 
+// A loader thread's own Python thread state: made at the thread's first __getitem__ and kept
+// until the thread ends, as a worker process keeps its interpreter. So a threading.local of the
+// dataset's (a connection per thread) lasts from call to call, and a call does not make and free
+// a thread state. The thread ends when its loader is closed, which joins it with the GIL released
+// (Loader::close): the state is freed then, under the GIL; once the interpreter is finalizing it
+// is left to CPython (taking the GIL then would end the thread inside CPython).
+class ThreadStateOfThisThread {
+ public:
+  // Requires: the GIL is not held by this thread. Guarantees: this thread has a Python thread
+  // state that py::gil_scoped_acquire reuses (it finds PyGILState_GetThisThreadState()).
+  static void ensure() {
+    thread_local ThreadStateOfThisThread kept;
+    if (kept.made_) return;
+    kept.state_ = PyGILState_Ensure();  // makes the thread state and takes the GIL with it
+    kept.made_ = true;
+    (void)PyEval_SaveThread();  // the GIL goes; the thread state stays this thread's
+  }
+
+  ~ThreadStateOfThisThread() {
+    if (!made_ || interpreter_finalizing() || Py_IsInitialized() == 0) return;
+    PyEval_RestoreThread(PyGILState_GetThisThreadState());
+    PyGILState_Release(state_);  // the last reference: frees the thread state, drops the GIL
+  }
+
+ private:
+  ThreadStateOfThisThread() = default;
+  PyGILState_STATE state_ = PyGILState_UNLOCKED;
+  bool made_ = false;
+};
+
 // The dataset's samples, one __getitem__ each. Made and destroyed under the GIL, or destroyed
 // without it by a loader's thread (then it takes the GIL to drop its objects, or leaks them once
 // the interpreter is finalizing).
@@ -263,6 +293,7 @@ class PythonDatasetReader final : public MemberReader {
   void read(const SampleContext& ctx, MemberList& out) override {
     using Clock = std::chrono::steady_clock;
     if (interpreter_finalizing()) throw LoadingInterrupted("the interpreter is shutting down");
+    ThreadStateOfThisThread::ensure();
     const Clock::time_point asked = Clock::now();
     py::gil_scoped_acquire gil;
     const Clock::time_point taken = Clock::now();

@@ -355,6 +355,38 @@ def test_stats_report_the_gil(photo_db):
     assert "gil" not in conveyor.DataLoader(conveyor.PatternDataset(8, 16)).stats()
 
 
+class PerThreadHandles(torch.utils.data.Dataset):
+    """Opens one "handle" per thread in a threading.local, as a dataset keeps a connection per
+    thread; counts the handles opened."""
+
+    def __init__(self, n):
+        self.n = n
+        self.local = threading.local()
+        self.opened = 0
+        self.lock = threading.Lock()
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if not hasattr(self.local, "handle"):
+            with self.lock:
+                self.opened += 1
+            self.local.handle = object()
+        return {"cls": i}
+
+
+def test_a_threading_local_lasts_from_call_to_call_on_each_worker():
+    data = PerThreadHandles(120)
+    loader = conveyor.DataLoader(conveyor.from_dataset(data, fields={"label": conveyor.Int("cls")}),
+                                 batch_size=8, num_workers=3)
+    for _ in range(2):
+        assert sorted(i for b in loader for i in b["label"].tolist()) == list(range(120))
+    loader.close()
+    # One per worker thread (3), not one per call (240).
+    assert 1 <= data.opened <= 3, data.opened
+
+
 # --- lifecycle ----------------------------------------------------------------------------------
 
 
