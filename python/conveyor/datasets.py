@@ -87,8 +87,10 @@ class _ImageDataset(Dataset):
 
 
 class ImageFolder(_ImageDataset):
-    """``root/<class>/<image>.jpg|jpeg``, as torchvision's ImageFolder: classes are the sorted
-    sub-folder names, labelled 0..K-1, images sorted by name within a class. Items are JPEG files.
+    """``root/<class>/<image>``, as torchvision's ImageFolder: classes are the sorted sub-folder
+    names, labelled 0..K-1, images sorted by name within a class. It lists the extensions
+    torchvision's ImageFolder lists (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp, any case) and
+    decodes each file by its content (JPEG and PNG today; the others raise naming their format).
 
         train = conveyor.ImageFolder("/data/imagenet/train",
                                      transform=conveyor.RandomResizedCrop(224, flip=True))
