@@ -327,7 +327,10 @@ bool json_string(std::string_view text, std::string& out) {
   return true;
 }
 
-bool json_integer(std::string_view text, int64_t& out) {
+namespace {
+
+// The text of the one JSON number `text` holds (white space around it allowed), or false.
+bool one_number(std::string_view text, std::string_view& number) {
   size_t begin = 0;
   size_t end = 0;
   if (!one_value(text, begin, end, [&](const Scanner& s, size_t at) {
@@ -338,24 +341,23 @@ bool json_integer(std::string_view text, int64_t& out) {
       })) {
     return false;
   }
-  const std::string_view number = text.substr(begin, end - begin);
+  number = text.substr(begin, end - begin);
+  return true;
+}
+
+}  // namespace
+
+bool json_integer(std::string_view text, int64_t& out) {
+  std::string_view number;
+  if (!one_number(text, number)) return false;
   if (number.find_first_of(".eE") != std::string_view::npos) return false;
   const auto [stop, error] = std::from_chars(number.data(), number.data() + number.size(), out);
   return error == std::errc() && stop == number.data() + number.size();
 }
 
 bool json_number(std::string_view text, double& out) {
-  size_t begin = 0;
-  size_t end = 0;
-  if (!one_value(text, begin, end, [&](const Scanner& s, size_t at) {
-        if (at >= text.size() || (text[at] != '-' && !is_digit(text[at]))) {
-          s.fail(at, "not a number");
-        }
-        return s.number(at);
-      })) {
-    return false;
-  }
-  return to_double(text.substr(begin, end - begin), out);
+  std::string_view number;
+  return one_number(text, number) && to_double(number, out);
 }
 
 bool json_number_list(std::string_view text, std::vector<double>& out, size_t max_items) {
