@@ -53,6 +53,21 @@ void expect_identical(const Received& got, const Received& want, const std::stri
   }
 }
 
+// Iterates `resumed` (restored after `k` batches) for up to two epochs and expects the batches
+// reference[k..] in order, and no more.
+void expect_rest_of_run(DataLoader& resumed, const std::vector<Received>& reference, size_t k,
+                        const std::string& where) {
+  size_t next = k;
+  for (int epoch = 0; epoch < 2 && next < reference.size(); ++epoch) {
+    for (Batch& b : resumed) {
+      ASSERT_LT(next, reference.size()) << where;
+      expect_identical(copy_of(b), reference[next], where + ", batch " + std::to_string(next));
+      ++next;
+    }
+  }
+  EXPECT_EQ(next, reference.size()) << where;
+}
+
 LoaderOptions config(size_t workers, size_t chunk) {
   LoaderOptions o;
   o.batch_size = 4;
@@ -106,15 +121,7 @@ TEST(Resume, EverySavePointIsBitExactWhateverTheWorkersAndChunks) {
       o.prefetch_factor = 1 + k % 3;
       DataLoader resumed(source(), o, RandomSampler::make(7));
       load_from_string(resumed, checkpoint);
-      size_t next = k;
-      for (int epoch = 0; epoch < 2 && next < reference.size(); ++epoch) {
-        for (Batch& b : resumed) {
-          ASSERT_LT(next, reference.size()) << where;
-          expect_identical(copy_of(b), reference[next], where + ", batch " + std::to_string(next));
-          ++next;
-        }
-      }
-      EXPECT_EQ(next, reference.size()) << where;
+      expect_rest_of_run(resumed, reference, k, where);
     }
   }
 }
@@ -248,15 +255,7 @@ TEST(ResumeState, TheByteFormResumesBitExactlyAtEverySavePoint) {
     }
     DataLoader resumed(source(), config(4, 1), RandomSampler::make(7));
     resumed.load_state(LoaderState::parse(bytes));
-    size_t next = k;
-    for (int epoch = 0; epoch < 2 && next < reference.size(); ++epoch) {
-      for (Batch& b : resumed) {
-        ASSERT_LT(next, reference.size()) << where;
-        expect_identical(copy_of(b), reference[next], where + ", batch " + std::to_string(next));
-        ++next;
-      }
-    }
-    EXPECT_EQ(next, reference.size()) << where;
+    expect_rest_of_run(resumed, reference, k, where);
   }
 }
 
