@@ -16,12 +16,14 @@
 
 #include "conveyor/fields.h"
 #include "conveyor/loader.h"
+#include "expect_sample_error.h"
 #include "test_support.h"
 
 namespace conveyor {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::expect_sample_error;
 using testing::TempDir;
 using testing::write_bytes;
 
@@ -263,16 +265,7 @@ TEST(ManifestFields, AMissingFieldIsRaisedNamingTheRowAndFieldOrSkipped) {
   const fs::path manifest = write_jsonl(dir.path(), truth, /*without_caption=*/7);
   {
     DataLoader loader(FieldSource::manifest(manifest, manifest_fields()), options_for(2));
-    try {
-      for (Batch& batch : loader) (void)batch;
-      FAIL() << "no error";
-    } catch (const SampleError& e) {
-      const std::string what = e.what();
-      EXPECT_EQ(e.index(), 7u);
-      EXPECT_NE(what.find("line 8"), std::string::npos) << what;
-      EXPECT_NE(what.find("field \"caption\""), std::string::npos) << what;
-      EXPECT_NE(what.find("caption"), std::string::npos) << what;
-    }
+    expect_sample_error(loader, 7, {"line 8", "field \"caption\""});
   }
   LoaderOptions skip = options_for(2);
   skip.on_error = ErrorPolicy::kSkip;
@@ -292,17 +285,7 @@ TEST(ManifestFields, ARaggedFieldOverItsBoundIsTheSamplesError) {
   truth[5].caption = std::string(300, 'y');  // the caption field holds 256 bytes
   const fs::path manifest = write_jsonl(dir.path(), truth);
   DataLoader loader(FieldSource::manifest(manifest, manifest_fields()), options_for(2));
-  try {
-    for (Batch& batch : loader) (void)batch;
-    FAIL() << "no error";
-  } catch (const SampleError& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(e.index(), 5u);
-    EXPECT_NE(what.find("line 6"), std::string::npos) << what;
-    EXPECT_NE(what.find("field \"caption\""), std::string::npos) << what;
-    EXPECT_NE(what.find("300 bytes"), std::string::npos) << what;
-    EXPECT_NE(what.find("max_bytes"), std::string::npos) << what;
-  }
+  expect_sample_error(loader, 5, {"line 6", "field \"caption\"", "300 bytes", "max_bytes"});
 }
 
 TEST(ManifestFields, AFieldOfAColumnTheManifestLacksIsRefusedAtOnce) {
@@ -423,16 +406,8 @@ TEST_F(ClipShards, IndexedAtRandomTheSameForAnyWorkersAndAMissingFieldRaised) {
   LoaderOptions raise = options_for(2);
   raise.batch_size = 7;
   DataLoader loader(FieldSource::tar_shards({pattern()}, clip_fields()), raise);
-  try {
-    for (Batch& batch : loader) (void)batch;
-    FAIL() << "no error";
-  } catch (const SampleError& e) {
-    const std::string what = e.what();
-    EXPECT_EQ(e.index(), 3u);
-    EXPECT_NE(what.find("clip-000000.tar (sample sample003)"), std::string::npos) << what;
-    EXPECT_NE(what.find("field \"label\""), std::string::npos) << what;
-    EXPECT_NE(what.find("\"cls\""), std::string::npos) << what;
-  }
+  expect_sample_error(loader, 3,
+                      {"clip-000000.tar (sample sample003)", "field \"label\"", "\"cls\""});
 }
 
 }  // namespace

@@ -18,11 +18,14 @@
 
 #include "conveyor/fields.h"
 #include "conveyor/loader.h"
+#include "expect_sample_error.h"
 #include "sources/sample_kind.h"
 #include "test_support.h"
 
 namespace conveyor {
 namespace {
+
+using testing::expect_sample_error;
 
 // What sample i holds: a deterministic function of i.
 struct Truth {
@@ -279,14 +282,7 @@ TEST(ReaderFields, AReaderErrorIsRaisedNamingTheRowOrSkippedButAnInterruptIsNeve
     std::shared_ptr<TruthReader> reader;
     DataLoader loader(source_of(truth, &reader), options_for(2));
     reader->fail_at = 6;
-    try {
-      for (Batch& batch : loader) (void)batch;
-      FAIL() << "no error";
-    } catch (const SampleError& e) {
-      EXPECT_EQ(e.index(), 6u);
-      EXPECT_NE(std::string(e.what()).find("row 6"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("the store has no row 6"), std::string::npos);
-    }
+    expect_sample_error(loader, 6, {"row 6", "the store has no row 6"});
   }
   LoaderOptions skip = options_for(2);
   skip.on_error = ErrorPolicy::kSkip;
