@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include <c10/core/DynamicCast.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "bindings.h"
@@ -77,111 +78,40 @@ std::optional<c10::ScalarType> buffer_dtype(const char* format, Py_ssize_t items
   if (!f.empty() && (f[0] == '@' || f[0] == '=' || f[0] == '<' || f[0] == '|')) f.remove_prefix(1);
   if (f.size() != 1) return std::nullopt;  // big-endian, complex, structured, ...
   using c10::ScalarType;
-  switch (f[0]) {
-    case '?':
-      return ScalarType::Bool;
-    case 'b':
-    case 'h':
-    case 'i':
-    case 'l':
-    case 'q':
-      switch (itemsize) {
-        case 1:
-          return ScalarType::Char;
-        case 2:
-          return ScalarType::Short;
-        case 4:
-          return ScalarType::Int;
-        case 8:
-          return ScalarType::Long;
-        default:
-          return std::nullopt;
-      }
-    case 'B':
-    case 'H':
-    case 'I':
-    case 'L':
-    case 'Q':
-      switch (itemsize) {
-        case 1:
-          return ScalarType::Byte;
-        case 2:
-          return ScalarType::UInt16;
-        case 4:
-          return ScalarType::UInt32;
-        case 8:
-          return ScalarType::UInt64;
-        default:
-          return std::nullopt;
-      }
-    case 'e':
-      return itemsize == 2 ? std::optional(ScalarType::Half) : std::nullopt;
-    case 'f':
-      return itemsize == 4 ? std::optional(ScalarType::Float) : std::nullopt;
-    case 'd':
-      return itemsize == 8 ? std::optional(ScalarType::Double) : std::nullopt;
-    default:
-      return std::nullopt;
+  struct BufferType {
+    std::string_view codes;  // the struct module's codes of this kind
+    Py_ssize_t size;
+    ScalarType dtype;
+  };
+  static constexpr BufferType kTypes[] = {
+      {"?", 1, ScalarType::Bool},       {"bhilq", 1, ScalarType::Char},
+      {"bhilq", 2, ScalarType::Short},  {"bhilq", 4, ScalarType::Int},
+      {"bhilq", 8, ScalarType::Long},   {"BHILQ", 1, ScalarType::Byte},
+      {"BHILQ", 2, ScalarType::UInt16}, {"BHILQ", 4, ScalarType::UInt32},
+      {"BHILQ", 8, ScalarType::UInt64}, {"e", 2, ScalarType::Half},
+      {"f", 4, ScalarType::Float},      {"d", 8, ScalarType::Double},
+  };
+  for (const BufferType& t : kTypes) {
+    if (t.size == itemsize && t.codes.find(f[0]) != std::string_view::npos) return t.dtype;
   }
+  return std::nullopt;
 }
 
 // A 0-d array's value (`data`, of `dtype`) as the member it is: an integer or a floating number.
 void add_scalar(MemberList& out, std::string_view name, c10::ScalarType dtype, const void* data) {
-  using c10::ScalarType;
-  const auto read = [data](auto zero) {
-    decltype(zero) v;
-    std::memcpy(&v, data, sizeof v);
-    return v;
-  };
-  switch (dtype) {
-    case ScalarType::Bool:
-      out.add_integer(name, read(uint8_t{}) != 0 ? 1 : 0);
-      return;
-    case ScalarType::Byte:
-      out.add_integer(name, read(uint8_t{}));
-      return;
-    case ScalarType::Char:
-      out.add_integer(name, read(int8_t{}));
-      return;
-    case ScalarType::Short:
-      out.add_integer(name, read(int16_t{}));
-      return;
-    case ScalarType::UInt16:
-      out.add_integer(name, read(uint16_t{}));
-      return;
-    case ScalarType::Int:
-      out.add_integer(name, read(int32_t{}));
-      return;
-    case ScalarType::UInt32:
-      out.add_integer(name, read(uint32_t{}));
-      return;
-    case ScalarType::Long:
-      out.add_integer(name, read(int64_t{}));
-      return;
-    case ScalarType::UInt64: {
-      const uint64_t v = read(uint64_t{});
-      if (v > static_cast<uint64_t>(INT64_MAX)) {
-        throw std::runtime_error("member " + quoted(name) + " is the integer " + std::to_string(v) +
-                                 ", outside int64");
-      }
-      out.add_integer(name, static_cast<int64_t>(v));
-      return;
-    }
-    case ScalarType::Half:
-      out.add_floating(name, static_cast<double>(read(c10::Half{})));
-      return;
-    case ScalarType::BFloat16:
-      out.add_floating(name, static_cast<double>(read(c10::BFloat16{})));
-      return;
-    case ScalarType::Float:
-      out.add_floating(name, read(float{}));
-      return;
-    case ScalarType::Double:
-      out.add_floating(name, read(double{}));
-      return;
-    default:
-      throw std::runtime_error("member " + quoted(name) + " is a 0-d array of " +
-                               c10::toString(dtype) + ", not a number");
+  if (dtype == c10::ScalarType::UInt64 &&
+      c10::fetch_and_cast<uint64_t>(dtype, data) > static_cast<uint64_t>(INT64_MAX)) {
+    throw std::runtime_error("member " + quoted(name) + " is the integer " +
+                             std::to_string(c10::fetch_and_cast<uint64_t>(dtype, data)) +
+                             ", outside int64");
+  }
+  if (c10::isIntegralType(dtype, /*includeBool=*/true)) {
+    out.add_integer(name, c10::fetch_and_cast<int64_t>(dtype, data));
+  } else if (c10::isFloatingType(dtype)) {
+    out.add_floating(name, c10::fetch_and_cast<double>(dtype, data));
+  } else {
+    throw std::runtime_error("member " + quoted(name) + " is a 0-d array of " +
+                             c10::toString(dtype) + ", not a number");
   }
 }
 
