@@ -145,10 +145,13 @@ BenchConfig parse_command_line(int argc, char** argv) {
                  "reference runs, comma-separated: ceiling, torch, torch-fused, naive, all; they\n"
                  "read image files from a folder: the first --reference-data whose SOURCE is a\n"
                  "folder, else --data (which must then be a folder). cpu-decode: Conveyor itself\n"
-                 "on --data with --gpu-decode off, beside a --gpu-decode run (not in all)")
+                 "on --data with --gpu-decode off, beside a --gpu-decode run (not in all).\n"
+                 "no-discard: Conveyor itself on --data with the JPEG discard hook off\n"
+                 "(DecodeOptions::discard_outside_crop; not in all)")
       ->type_name("LIST")
       ->delimiter(',')
-      ->check(CLI::IsMember({"ceiling", "torch", "torch-fused", "naive", "all", "cpu-decode"}));
+      ->check(CLI::IsMember(
+          {"ceiling", "torch", "torch-fused", "naive", "all", "cpu-decode", "no-discard"}));
   app.add_option(
          "--reference-data", references,
          "(repeatable) one more reference run, \"conveyor:NAME\": Conveyor itself with the\n"
@@ -223,6 +226,8 @@ BenchConfig parse_command_line(int argc, char** argv) {
                     "with --gpu-decode auto, hw-only or a share");
       }
       c.cpu_decode_reference = true;
+    } else if (item == "no-discard") {
+      c.no_discard_reference = true;
     } else {
       c.compare.push_back(item);
     }

@@ -67,6 +67,11 @@ struct BenchConfig {
   // --compare cpu-decode: one more reference run, "conveyor:cpu-decode": Conveyor on `data` with
   // gpu_decode off, in the same rounds (the hybrid's ratio against the CPU path).
   bool cpu_decode_reference = false;
+  // ImageTransform::discard_outside_crop of Conveyor's runs (the JPEG discard hook).
+  bool discard_outside_crop = true;
+  // --compare no-discard: one more reference run, "conveyor:no-discard": Conveyor on `data` with
+  // the discard hook off, in the same rounds (the hook's ratio).
+  bool no_discard_reference = false;
   std::string json;
   // --plot FILE.svg or FILE.png: the figures as pictures (bench/plot.h).
   std::string plot;

@@ -18,8 +18,9 @@
 // summary line per codec precedes the last line, which counts both.
 //
 // Each pair makes two comparisons:
-//   region  JpegDecoder::decode_region (one of four option sets: the loader's RGBX + fast
-//           upsampling, the default RGB + fancy upsampling, and both with any_scale) against the
+//   region  JpegDecoder::decode_region (one of six option sets: the loader's RGBX + fast
+//           upsampling, the default RGB + fancy upsampling, both with any_scale, and both with
+//           the discard hook off, DecodeOptions::discard_outside_crop) against the
 //           same region cut from TurboJPEG's full decode of the whole image at the same DCT scale
 //           with the same upsampling (TJFLAG_FASTUPSAMPLE where the fused path turns fancy
 //           upsampling off). Tolerance: none; every byte must match.
@@ -437,6 +438,7 @@ struct Stats {
   double min_scaled_psnr = INFINITY;    // scaled decodes against the 8/8 reference
   uint64_t scale_count[9] = {};         // sample checks by DCT scale
   uint64_t region_scale_count[9] = {};  // region checks by DCT scale
+  uint64_t region_discard_hooked = 0;   // region checks decoded through the discard hook
   uint64_t oriented = 0;
   uint64_t scaled_samples = 0;
   double scaled_psnr_sum = 0;
@@ -444,6 +446,7 @@ struct Stats {
     pairs += o.pairs;
     mismatches += o.mismatches;
     region_checks += o.region_checks;
+    region_discard_hooked += o.region_discard_hooked;
     sample_checks += o.sample_checks;
     skipped += o.skipped;
     max_abs_diff = std::max(max_abs_diff, o.max_abs_diff);
@@ -498,6 +501,15 @@ std::vector<DecoderSet> decoder_sets() {
                            : (any ? "RGB fancy any_scale" : "RGB fancy (the default)"),
                       o});
     }
+  }
+  // The same without the JPEG discard hook (DecodeOptions::discard_outside_crop), which every set
+  // above and the ImageWriters use: both paths against the same references.
+  for (const bool fast : {true, false}) {
+    DecodeOptions o;
+    o.channels = fast ? 4 : 3;
+    o.fast_upsampling = fast;
+    o.discard_outside_crop = false;
+    sets.push_back({fast ? "RGBX fast, no discard hook" : "RGB fancy, no discard hook", o});
   }
   return sets;
 }
@@ -638,6 +650,9 @@ class Checker {
     }
     ++stats.region_checks;
     ++stats.region_scale_count[image.scale];
+    if (decoder.last_entropy_stats().path == JpegEntropyPath::kDiscardOutsideCrop) {
+      ++stats.region_discard_hooked;
+    }
     std::string ref_error;
     auto ref = cache_.get(f, image.scale, sets_[s].options.fast_upsampling, ref_error);
     if (!ref) {
@@ -970,6 +985,8 @@ int run(const Config& config) {
   std::cout << "region checks " << total.region_checks << " (tolerance 0), sample checks "
             << total.sample_checks << " (tolerance 0; EXIF orientations 2-8: " << total.oriented
             << " samples)\n";
+  std::cout << "regions through the discard hook (columns outside the crop parsed, not stored): "
+            << total.region_discard_hooked << "\n";
   std::cout << "regions by DCT scale:";
   for (int s = 1; s <= 8; ++s) std::cout << " " << s << "/8: " << total.region_scale_count[s];
   std::cout << "\n";

@@ -171,6 +171,12 @@ if "$bench" --data "$folder" --epochs 1 --compare cpu-decode >"$tmp/stdout" 2>"$
 fi
 grep -q "cpu-decode is Conveyor with --gpu-decode off" "$tmp/stderr" ||
   fail "--compare cpu-decode alone: no clear error: $(cat "$tmp/stderr")"
+# --compare no-discard (issue 35): Conveyor with the JPEG discard hook off, in the same rounds.
+"$bench" --data "$folder" --batch-size 8 --workers 2 --epochs 1 --rounds 1 --device cpu \
+  --compare no-discard >"$tmp/stdout" 2>"$tmp/stderr" ||
+  fail "--compare no-discard failed: $(cat "$tmp/stderr")"
+grep -Eq "^conveyor:no-discard +[0-9.]+ +20 " "$tmp/stdout" ||
+  fail "no conveyor:no-discard row: $(cat "$tmp/stdout")"
 for mode in 1.5 gpu; do
   if "$bench" --data "$folder" --epochs 1 --gpu-decode "$mode" >"$tmp/stdout" 2>"$tmp/stderr"; then
     fail "--gpu-decode $mode exited 0"

@@ -10,6 +10,7 @@
 #include <turbojpeg.h>
 
 #include "conveyor/jpeg.h"
+#include "conveyor/random.h"
 #include "many_scans_jpeg.h"
 #include "test_support.h"
 
@@ -531,6 +532,227 @@ TEST(JpegDecoder, FilesWithMoreScansThanTheLimitAreRejected) {
   EXPECT_EQ(strict.decode(fewest.data(), fewest.size()).width, 48);
   strict_limits.max_scans = 0;
   EXPECT_THROW(JpegDecoder{strict_limits}, std::invalid_argument);
+}
+
+// The rows of a decoded region, without the stride's padding.
+std::vector<uint8_t> region_bytes(const DecodedImage& img) {
+  std::vector<uint8_t> bytes;
+  const size_t row = static_cast<size_t>(img.width) * static_cast<size_t>(img.channels);
+  for (int y = 0; y < img.height; ++y) {
+    const uint8_t* p = img.pixels + static_cast<size_t>(y) * img.stride;
+    bytes.insert(bytes.end(), p, p + row);
+  }
+  return bytes;
+}
+
+// A file of every kind the decoder meets, and whether the discard hook may take it.
+struct DiscardKind {
+  std::string name;
+  std::vector<uint8_t> jpeg;
+  bool hookable;
+};
+
+std::vector<DiscardKind> discard_corpus(int w, int h, uint64_t seed) {
+  const auto rgb = photo_rgb(w, h, seed);
+  std::vector<DiscardKind> kinds;
+  auto add = [&](const std::string& name, EncodeOptions o, bool hookable) {
+    kinds.push_back({name, encode_jpeg(rgb.data(), w, h, o), hookable});
+  };
+  EncodeOptions o;
+  add("4:2:0", o, true);
+  o.h_samp = 2;
+  o.v_samp = 1;
+  add("4:2:2", o, true);
+  o.h_samp = 1;
+  add("4:4:4", o, true);
+  o.v_samp = 2;
+  add("4:4:0", o, true);
+  o.h_samp = 4;
+  o.v_samp = 1;
+  add("4:1:1", o, true);
+  o = EncodeOptions{};
+  o.color = EncodeOptions::Color::kGray;
+  add("gray", o, true);
+  o.restart_interval = 5;
+  add("gray, restart 5", o, true);
+  o = EncodeOptions{};
+  o.color = EncodeOptions::Color::kRgb;
+  o.h_samp = o.v_samp = 1;
+  add("rgb", o, true);
+  o = EncodeOptions{};
+  o.color = EncodeOptions::Color::kCmyk;
+  add("cmyk", o, true);
+  o.color = EncodeOptions::Color::kYcck;
+  add("ycck", o, true);
+  // Restart intervals that are, and are not, a multiple of the MCU row (a row of 1 and 2 MCUs
+  // tiles it: those files go through the restart segments, jpeg_segments.h).
+  for (const int interval : {1, 2, 3, 7, 13, 64}) {
+    o = EncodeOptions{};
+    o.restart_interval = interval;
+    add("4:2:0, restart " + std::to_string(interval), o, true);
+  }
+  o = EncodeOptions{};
+  o.h_samp = o.v_samp = 1;
+  o.restart_interval = 11;
+  add("4:4:4, restart 11", o, true);
+  o = EncodeOptions{};
+  o.progressive = true;
+  add("progressive", o, false);
+  o.color = EncodeOptions::Color::kGray;
+  add("progressive gray", o, false);
+  o = EncodeOptions{};
+  o.arithmetic = true;
+  add("arithmetic", o, false);
+  o.restart_interval = 3;
+  add("arithmetic, restart 3", o, false);
+  // One component whose sampling factors say 2x2: its scan's MCU is still one block, so its
+  // iMCU column is 8 pixels wide, not 16 (the first prototype of the hook got this wrong).
+  std::vector<uint8_t> luma(static_cast<size_t>(w) * static_cast<size_t>(h));
+  for (size_t i = 0; i < luma.size(); ++i) luma[i] = rgb[3 * i + 1];
+  kinds.push_back({"gray sampled 2x2",
+                   lib_encode(luma, w, h, JCS_GRAYSCALE, 1,
+                              [](jpeg_compress_struct& c) {
+                                c.comp_info[0].h_samp_factor = 2;
+                                c.comp_info[0].v_samp_factor = 2;
+                              }),
+                   true});
+  // A sequential file with one scan per component: read whole by jpeg_start_decompress.
+  static const jpeg_scan_info kOneScanPerComponent[3] = {
+      {1, {0}, 0, 63, 0, 0}, {1, {1}, 0, 63, 0, 0}, {1, {2}, 0, 63, 0, 0}};
+  kinds.push_back({"sequential, one scan per component",
+                   lib_encode(rgb, w, h, JCS_RGB, 3,
+                              [](jpeg_compress_struct& c) {
+                                c.scan_info = kOneScanPerComponent;
+                                c.num_scans = 3;
+                              }),
+                   false});
+  return kinds;
+}
+
+// The hook changes no byte: every kind of file, odd sizes, random boxes and output sizes (so
+// every DCT scale), each option set, decoded with the hook and without, by decoders reused
+// across files. Where it applies, it is taken for the boxes that leave columns out.
+TEST(JpegDiscardHook, DecodesTheSameBytesAsWithoutItOnEveryKindOfFile) {
+  struct OptionSet {
+    const char* name;
+    DecodeOptions options;
+  };
+  std::vector<OptionSet> sets;
+  for (const bool fast : {true, false}) {
+    for (const bool any : {false, true}) {
+      DecodeOptions o;
+      o.channels = fast ? 4 : 3;
+      o.fast_upsampling = fast;
+      o.any_scale = any;
+      sets.push_back({fast ? (any ? "RGBX fast any_scale" : "RGBX fast")
+                           : (any ? "RGB fancy any_scale" : "RGB fancy"),
+                      o});
+    }
+  }
+  DecodeOptions plain_segments;  // restart segments off too: libjpeg's own path only
+  plain_segments.restart_segments = false;
+  sets.push_back({"RGB fancy, no restart segments", plain_segments});
+  uint64_t compared = 0, hooked = 0;
+  for (const auto& [w, h] : std::vector<std::pair<int, int>>{{333, 217}, {97, 61}, {500, 9}}) {
+    for (const DiscardKind& kind : discard_corpus(w, h, static_cast<uint64_t>(w))) {
+      for (size_t s = 0; s < sets.size(); ++s) {
+        SCOPED_TRACE(kind.name + " " + std::to_string(w) + "x" + std::to_string(h) + ", " +
+                     sets[s].name);
+        DecodeOptions off = sets[s].options;
+        off.discard_outside_crop = false;
+        JpegDecoder with_hook({}, sets[s].options), without({}, off);
+        SampleRng rng(35, static_cast<uint64_t>(w) * 100 + s, compared);
+        uint64_t kind_hooked = 0;
+        for (int trial = 0; trial < 16; ++trial) {
+          const int bw = rng.randint(1, w + 1), bh = rng.randint(1, h + 1);
+          const int bx = rng.randint(0, w - bw + 1), by = rng.randint(0, h - bh + 1);
+          const int mw = rng.randint(1, bw + 1), mh = rng.randint(1, bh + 1);
+          const DecodedImage a =
+              with_hook.decode_region(kind.jpeg.data(), kind.jpeg.size(), bx, by, bw, bh, mw, mh);
+          const std::vector<uint8_t> got = region_bytes(a);
+          const JpegEntropyStats stats = with_hook.last_entropy_stats();
+          const DecodedImage b =
+              without.decode_region(kind.jpeg.data(), kind.jpeg.size(), bx, by, bw, bh, mw, mh);
+          ASSERT_EQ(a.width, b.width);
+          ASSERT_EQ(a.height, b.height);
+          ASSERT_EQ(a.scale, b.scale);
+          ASSERT_TRUE(got == region_bytes(b))
+              << "box " << bx << "," << by << " " << bw << "x" << bh << " at " << a.scale << "/8";
+          EXPECT_EQ(without.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
+          if (stats.path == JpegEntropyPath::kDiscardOutsideCrop) {
+            ++kind_hooked;
+          } else {
+            EXPECT_EQ(stats.path, JpegEntropyPath::kLibjpeg);
+            EXPECT_EQ(stats.mcus_discarded, 0u);
+          }
+          ++compared;
+        }
+        if (!kind.hookable) {
+          EXPECT_EQ(kind_hooked, 0u);
+        }
+        hooked += kind_hooked;
+      }
+      // Every hookable kind takes the hook for a narrow box in the middle of the larger images
+      // (restart segments off: a file with an interval of 1 MCU is cut to the box's columns
+      // before libjpeg sees it, leaving the hook nothing to discard).
+      if (kind.hookable && w >= 333) {
+        SCOPED_TRACE(kind.name);
+        DecodeOptions no_segments;
+        no_segments.restart_segments = false;
+        JpegDecoder d({}, no_segments);
+        d.decode_region(kind.jpeg.data(), kind.jpeg.size(), w / 3, h / 3, w / 4, h / 4, w / 4,
+                        h / 4);
+        EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kDiscardOutsideCrop);
+        EXPECT_GT(d.last_entropy_stats().mcus_discarded, 0u);
+        if (kind.name == "4:2:0, restart 1") {
+          JpegDecoder segmented;
+          segmented.decode_region(kind.jpeg.data(), kind.jpeg.size(), w / 3, h / 3, w / 4, h / 4,
+                                  w / 4, h / 4);
+          EXPECT_EQ(segmented.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
+        }
+      }
+    }
+  }
+  EXPECT_GT(hooked, compared / 4);
+}
+
+// The query: the hook is installed for a baseline file's narrow box, and not for a progressive
+// file, a box that needs every column, or a decoder with the option off.
+TEST(JpegDiscardHook, IsInstalledForABaselineFileAndNotForAProgressiveOne) {
+  const auto rgb = photo_rgb(500, 375, 3);
+  const auto baseline = encode_jpeg(rgb.data(), 500, 375, EncodeOptions{});
+  EncodeOptions p;
+  p.progressive = true;
+  const auto progressive = encode_jpeg(rgb.data(), 500, 375, p);
+  JpegDecoder d;
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kNone);
+  d.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
+  JpegEntropyStats stats = d.last_entropy_stats();
+  EXPECT_EQ(stats.path, JpegEntropyPath::kDiscardOutsideCrop);
+  // 4:2:0 at 8/8: 32 MCUs a row, the box and its one-MCU margin need 10 of them; the rows from the
+  // box's top margin down to its bottom margin are decoded (at least 8 MCU rows), the rows above
+  // are skipped by libjpeg's own discard.
+  EXPECT_GE(stats.mcus_discarded, 8u * 22u);
+  EXPECT_LE(stats.mcus_discarded, 24u * 22u);
+  d.decode_region(progressive.data(), progressive.size(), 200, 100, 120, 120, 120, 120);
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
+  EXPECT_EQ(d.last_entropy_stats().mcus_discarded, 0u);
+  d.decode_region(baseline.data(), baseline.size(), 0, 100, 500, 60, 500, 60);
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
+  d.decode(baseline.data(), baseline.size());
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
+  DecodeOptions off;
+  off.discard_outside_crop = false;
+  JpegDecoder plain({}, off);
+  plain.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
+  EXPECT_EQ(plain.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
+  // A corrupt file fails the same way with the hook.
+  auto truncated = baseline;
+  truncated.resize(truncated.size() / 2);
+  EXPECT_THROW(d.decode_region(truncated.data(), truncated.size(), 200, 300, 120, 60, 120, 60),
+               JpegError);
+  d.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kDiscardOutsideCrop);
 }
 
 }  // namespace

@@ -103,6 +103,7 @@ DecodeOptions writer_decode_options(const ImageTransform& t) {
   o.fast_upsampling = true;
   o.read_orientation = t.exif_orientation;
   o.dct_scales = t.dct_scales;
+  o.discard_outside_crop = t.discard_outside_crop;
   return o;
 }
 

@@ -17,6 +17,7 @@
 #include <turbojpeg.h>
 
 #include "codec/image_codec.h"
+#include "codec/jpeg_column_discard.h"
 #include "codec/jpeg_segments.h"
 #include "codec/libjpeg_errors.h"
 
@@ -122,7 +123,9 @@ struct JpegDecoder::State {
   bool layout_read = false;  // `layout` is this file's (valid only if segmentable)
   bool segmentable = false;
   detail::SegmentLayout layout;
-  std::vector<uint8_t> segments;  // the small JPEG of the covering segments
+  std::vector<uint8_t> segments;         // the small JPEG of the covering segments
+  detail::ColumnDiscard column_discard;  // found by its decode_mcu through cinfo.client_data
+  JpegEntropyPath entropy_path = JpegEntropyPath::kNone;
 
   State(DecodeLimits l, DecodeOptions o) : limits(l), options(o) {
     if (options.channels != 3 && options.channels != 4) {
@@ -133,6 +136,7 @@ struct JpegDecoder::State {
     err.pub.error_exit = on_error;
     err.pub.emit_message = on_message;
     jpeg_create_decompress(&cinfo);
+    cinfo.client_data = &column_discard;
     scan_limit.pub.progress_monitor = check_scans;
     scan_limit.max_scans = limits.max_scans;
     cinfo.progress = &scan_limit.pub;
@@ -227,6 +231,8 @@ struct JpegDecoder::State {
 
   // Decodes the scaled region's rows into `buffer`, under setjmp.
   void read_rows(int scale, int x, int y, int width, int height, bool cmyk) {
+    entropy_path = JpegEntropyPath::kNone;
+    column_discard.reset();
     if (setjmp(err.jump)) fail();
     cinfo.out_color_space = cmyk ? JCS_CMYK : options.channels == 4 ? JCS_EXT_RGBX : JCS_RGB;
     cinfo.scale_num = static_cast<unsigned>(scale);
@@ -274,7 +280,12 @@ struct JpegDecoder::State {
     g.dy1 = std::min(out_h, g.sy1 + margin_y);
     g.crop_x = static_cast<JDIMENSION>(dx0);
     g.crop_w = static_cast<JDIMENSION>(dx1 - dx0);
-    if (g.crop_w < cinfo.output_width) jpeg_crop_scanline(&cinfo, &g.crop_x, &g.crop_w);
+    if (g.crop_w < cinfo.output_width) {
+      jpeg_crop_scanline(&cinfo, &g.crop_x, &g.crop_w);
+      if (options.discard_outside_crop) column_discard.install(&cinfo, g.crop_x, g.crop_w);
+    }
+    entropy_path = column_discard.installed() ? JpegEntropyPath::kDiscardOutsideCrop
+                                              : JpegEntropyPath::kLibjpeg;
     const size_t row_bytes =
         static_cast<size_t>(g.crop_w) * static_cast<size_t>(cinfo.output_components);
     const size_t count = static_cast<size_t>(g.dy1 - g.dy0);
@@ -407,6 +418,13 @@ DecodedImage JpegDecoder::finish_region(int x, int y, int width, int height, int
                                         int min_height) {
   if (!state_->started) throw std::logic_error("JpegDecoder::finish_region without begin");
   return state_->finish(x, y, width, height, min_width, min_height);
+}
+
+JpegEntropyStats JpegDecoder::last_entropy_stats() const {
+  JpegEntropyStats stats;
+  stats.path = state_->entropy_path;
+  stats.mcus_discarded = state_->column_discard.discarded();
+  return stats;
 }
 
 DecodedImage JpegDecoder::decode(const uint8_t* data, size_t size) {

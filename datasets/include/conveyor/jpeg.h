@@ -78,6 +78,27 @@ struct DecodeOptions {
   // (conveyor-prepare --restart N writes such files), decode only the intervals that cover the
   // region, so the work follows the region's area. The pixels are the same either way.
   bool restart_segments = true;
+  // In the rows of a region, parse the MCUs of the iMCU columns outside the crop without storing
+  // their coefficients (libjpeg-turbo's discard path, as its jpeg_skip_scanlines does) instead of
+  // decoding them in full. For sequential Huffman files with one scan (nearly every photo);
+  // progressive, arithmetic-coded and multi-scan files are decoded as before. The pixels are the
+  // same either way; off only to compare.
+  bool discard_outside_crop = true;
+};
+
+// How the entropy decoding of a JpegDecoder's last decode went, for statistics and tests.
+enum class JpegEntropyPath {
+  kNone,     // no decode yet, or the last one failed before decoding
+  kLibjpeg,  // libjpeg-turbo's own: every MCU of the decoded rows in full
+  // DecodeOptions::discard_outside_crop: the MCUs outside the crop's columns were parsed and
+  // discarded, those inside decoded in full
+  kDiscardOutsideCrop,
+};
+
+struct JpegEntropyStats {
+  JpegEntropyPath path = JpegEntropyPath::kNone;
+  // kDiscardOutsideCrop: the MCUs whose coefficients were discarded rather than stored.
+  uint64_t mcus_discarded = 0;
 };
 
 struct JpegHeader {
@@ -132,6 +153,9 @@ class JpegDecoder {
   // The data must stay valid until finish_region() returns.
   JpegHeader begin(const uint8_t* data, size_t size);
   DecodedImage finish_region(int x, int y, int width, int height, int min_width, int min_height);
+
+  // The entropy path of the last decode (decode, decode_region or finish_region).
+  JpegEntropyStats last_entropy_stats() const;
 
  private:
   struct State;

@@ -104,6 +104,9 @@ struct ImageTransform {
   bool exif_orientation = false;
   // The DCT scales the crop may be decoded at before the resize (DecodeOptions::dct_scales).
   unsigned dct_scales = kSimdDctScales;
+  // Parse the MCUs outside the crop's columns without storing them
+  // (DecodeOptions::discard_outside_crop). The same pixels either way; off only to compare.
+  bool discard_outside_crop = true;
 
   static ImageTransform train(int size = 224);
   static ImageTransform eval(int size = 224, int resize = 256);
