@@ -4,6 +4,10 @@
     $PY bench/python/augment_bench.py --ops [--batch 256 --size 224 --rounds 3]
     $PY bench/python/augment_bench.py --recipe [--data DIR] [--workers 2] [--rounds 3]
 
+Run with OMP_NUM_THREADS=1 on a shared machine: the ops make many small ATen calls per image, and
+two OpenMP threads per call on oversubscribed cores spin (measured 100x slower for ColorJitter
+with hue under a load average of 15 on 2 cores).
+
 --ops: each op alone on one uint8 batch [batch, 3, size, size] of photo-like images, run by
 conveyor.augment.apply (what a CPU loader's worker runs), the median of --rounds; beside it the
 same op from torchvision.transforms.v2 on each image of the batch in a loop (its transform
@@ -18,7 +22,7 @@ soft targets), batches of 256, --epochs over --data (default: the photos of conv
   - torch: torchvision ImageFolder on PIL with v2.Compose([RandomResizedCrop(224), flip,
     TrivialAugmentWide(), PILToTensor(), RandomErasing(0.1)]) in torch's DataLoader with
     --workers worker processes, then v2.RandomChoice([MixUp(0.2), CutMix(1.0)]) on each batch
-    in the loop.
+    in the loop (on the batch made float: its MixUp refuses uint8).
 Rounds interleave the two; the ratio is the median of the per-round ratios.
 """
 from __future__ import annotations
@@ -131,7 +135,7 @@ def run_torch(data, workers, epochs):
     start = time.perf_counter()
     for _ in range(epochs):
         for images, labels in loader:
-            images, targets = mix(images, labels)
+            images, targets = mix(images.float(), labels)  # its MixUp takes float images
             n += images.shape[0]
     return n / (time.perf_counter() - start)
 
