@@ -4,7 +4,9 @@
 // is batch_stage_test.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -290,6 +292,263 @@ TEST(ApplyOp, AnOpThatBreaksItsDeclaredSpecIsTheBatchsError) {
     EXPECT_EQ(e.op(), "Liar()");  // the innermost op, not Compose
     EXPECT_NE(std::string(e.what()).find("declared Long [2]"), std::string::npos) << e.what();
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The photometric and geometric functions and the per-sample ops (torchvision's semantics; the
+// exact comparison with torchvision is tests/python/test_augment_ops.py, which needs it).
+
+namespace F = augment_functional;
+
+// Photo-like images: smooth gradients plus noise, so that every op has something to change.
+at::Tensor photos(int64_t b, int64_t s, uint64_t seed = 5) {
+  at::manual_seed(seed);
+  const at::Tensor ramp = at::linspace(0, 1, s, at::kFloat);
+  const at::Tensor base = (ramp.view({1, 1, s, 1}) * at::rand({b, 3, 1, 1}) * 200 +
+                           ramp.view({1, 1, 1, s}) * at::rand({b, 3, 1, 1}) * 55);
+  return (base + at::randn({b, 3, s, s}) * 12).clamp(0, 255).to(at::kByte);
+}
+
+TEST(Functional, PosterizeAndSolarizeAreTheirFormulasOnRandomImages) {
+  const at::Tensor x = at::randint(0, 256, {4, 3, 17, 23}, at::kByte);
+  const at::Tensor xi = x.to(at::kInt);
+  for (int64_t bits = 0; bits <= 8; ++bits) {
+    const at::Tensor want = (xi.div(1 << (8 - bits), "floor") * (1 << (8 - bits))).to(at::kByte);
+    EXPECT_TRUE(F::posterize(x, bits).equal(want)) << "bits " << bits;
+  }
+  for (const double t : {0.0, 1.0, 100.5, 128.0, 255.0}) {
+    const at::Tensor want = at::where(xi.to(at::kDouble) >= t, 255 - xi, xi).to(at::kByte);
+    EXPECT_TRUE(F::solarize(x, t).equal(want)) << "threshold " << t;
+  }
+  EXPECT_TRUE(F::invert(x).equal((255 - xi).to(at::kByte)));
+  const at::Tensor added = F::solarize_add(x, 60);
+  EXPECT_TRUE(added.equal(at::where(xi < 128, (xi + 60).clamp_max(255), xi).to(at::kByte)));
+}
+
+TEST(Functional, EveryOpIsTheIdentityAtMagnitudeZero) {
+  const at::Tensor x = photos(3, 32);
+  for (const char* op : {"Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate",
+                         "Brightness", "Color", "Contrast", "Sharpness"}) {
+    for (const auto mode : {F::Interpolation::kNearest, F::Interpolation::kBilinear}) {
+      const at::Tensor y = F::apply_augment_op(x, op, 0.0, mode, {});
+      EXPECT_TRUE(y.equal(x)) << op << " changed " << y.ne(x).sum().item<int64_t>() << " pixels";
+    }
+  }
+  EXPECT_TRUE(F::posterize(x, 8).equal(x));
+  EXPECT_TRUE(F::apply_augment_op(x, "Solarize", 1.0, F::Interpolation::kNearest, {})
+                  .eq(x.lt(255).to(at::kByte) * x + x.eq(255).to(at::kByte) * 0)
+                  .all()
+                  .item<bool>());
+}
+
+TEST(Functional, ColourAndContrastLawsHold) {
+  const at::Tensor x = photos(4, 24);
+  // Saturation 0 and grayscale are gray: three equal channels.
+  for (const at::Tensor& g : {F::adjust_saturation(x, 0.0), F::rgb_to_grayscale(x)}) {
+    EXPECT_TRUE(g.select(1, 0).equal(g.select(1, 1)) && g.select(1, 1).equal(g.select(1, 2)));
+  }
+  // Contrast 0 is the image's mean luma everywhere.
+  const at::Tensor flat = F::adjust_contrast(x, 0.0);
+  EXPECT_TRUE(flat.eq(flat.flatten(1).select(1, 0).view({4, 1, 1, 1})).all().item<bool>());
+  // Brightness scales and clamps.
+  EXPECT_TRUE(
+      F::adjust_brightness(x, 2.0).equal((x.to(at::kFloat) * 2).clamp(0, 255).to(at::kByte)));
+  // Hue 0 keeps the image within one level (the HSV round trip in float32); hue 0.5 twice is
+  // the identity up to the same.
+  EXPECT_LE((F::adjust_hue(x, 0.0).to(at::kInt) - x.to(at::kInt)).abs().max().item<int>(), 1);
+  // Autocontrast stretches each channel to [0, 255] (its float32 scale can land the maximum just
+  // under 255, truncated to 254, as torchvision's does).
+  const at::Tensor a = F::autocontrast(x);
+  EXPECT_TRUE(a.amin({-2, -1}).eq(0).all().item<bool>());
+  EXPECT_TRUE(a.amax({-2, -1}).ge(254).all().item<bool>());
+  // Equalize is a monotone map of each channel, and leaves a constant image as it is.
+  const at::Tensor e = F::equalize(x);
+  for (int64_t c = 0; c < 3; ++c) {
+    const at::Tensor order = x[0][c].flatten().argsort();
+    const at::Tensor sorted = e[0][c].flatten().index_select(0, order).to(at::kInt);
+    EXPECT_TRUE(sorted.diff().ge(0).all().item<bool>()) << "channel " << c;
+  }
+  const at::Tensor constant = at::full({1, 3, 8, 8}, 77, at::kByte);
+  EXPECT_TRUE(F::equalize(constant).equal(constant));
+  // The blur keeps a constant image and smooths noise.
+  EXPECT_TRUE(F::gaussian_blur(constant, {5, 5}, {1.5, 1.5}).equal(constant));
+  const at::Tensor noise = at::randint(0, 256, {1, 3, 32, 32}, at::kByte);
+  EXPECT_LT(F::gaussian_blur(noise, {9, 9}, {2.0, 2.0}).to(at::kFloat).std().item<double>(),
+            noise.to(at::kFloat).std().item<double>() / 2);
+}
+
+TEST(Functional, GeometryMovesPixelsWhereItSays) {
+  const at::Tensor x = photos(2, 20);
+  // A translation by (3, -2) pixels: out[y][x] = in[y + 2][x - 3], zeros (or the fill) outside.
+  const at::Tensor t = F::affine(x, 0, {3, -2}, 1.0, {0, 0}, F::Interpolation::kNearest, {});
+  EXPECT_TRUE(t.narrow(-2, 0, 18).narrow(-1, 3, 17).equal(x.narrow(-2, 2, 18).narrow(-1, 0, 17)));
+  EXPECT_TRUE(t.narrow(-1, 0, 3).eq(0).all().item<bool>());
+  const at::Tensor filled =
+      F::affine(x, 0, {3, -2}, 1.0, {0, 0}, F::Interpolation::kBilinear, {9, 8, 7});
+  EXPECT_TRUE(filled.narrow(-1, 0, 3).select(1, 1).eq(8).all().item<bool>());
+  // Rotations by 90 degrees are exact; four of 90 are the identity.
+  at::Tensor r = x;
+  for (int k = 0; k < 4; ++k) r = F::rotate(r, 90, F::Interpolation::kNearest, {});
+  EXPECT_TRUE(r.equal(x));
+  EXPECT_TRUE(F::rotate(x, 90, F::Interpolation::kBilinear, {}).equal(at::rot90(x, 1, {-2, -1})));
+  // A shear about the top-left corner keeps the first row.
+  const at::Tensor s = F::apply_augment_op(x, "ShearX", 0.4, F::Interpolation::kNearest, {});
+  EXPECT_TRUE(s.narrow(-2, 0, 1).equal(x.narrow(-2, 0, 1)));
+  EXPECT_FALSE(s.equal(x));
+}
+
+BatchFields photo_batch(int64_t b, int64_t s, bool hwc) {
+  BatchFields batch;
+  batch.specs = image_label_specs(s, hwc);
+  at::Tensor images = photos(b, s);
+  if (hwc) images = images.permute({0, 2, 3, 1}).contiguous();
+  batch.tensors = {images, at::zeros({b}, at::kLong)};
+  return batch;
+}
+
+std::vector<std::shared_ptr<const BatchOp>> per_sample_ops() {
+  ColorJitterOptions jitter;
+  jitter.brightness_min = 0.6, jitter.brightness_max = 1.4;
+  jitter.contrast_min = 0.6, jitter.contrast_max = 1.4;
+  jitter.saturation_min = 0.8, jitter.saturation_max = 1.2;
+  jitter.hue_min = -0.1, jitter.hue_max = 0.1;
+  jitter.p = 0.8;
+  GaussianBlurOptions blur;
+  blur.kernel_size = {9, 9};
+  blur.p = 0.5;
+  RandAugmentOptions torchvision_ra;
+  return {color_jitter(jitter),
+          random_grayscale(0.2),
+          gaussian_blur(blur),
+          random_solarize(128, 0.2),
+          trivial_augment_wide({}),
+          rand_augment(torchvision_ra),
+          rand_augment(parse_timm_rand_augment("rand-m9-mstd0.5-inc1")),
+          auto_augment({})};
+}
+
+TEST(PerSampleOps, EachRowIsAFunctionOfItsStreamInBothLayouts) {
+  const int64_t b = 12, s = 24;
+  for (const auto& op : per_sample_ops()) {
+    BatchFields chw = photo_batch(b, s, false), hwc = photo_batch(b, s, true);
+    const at::Tensor before = chw.tensors[0].clone();
+    const BatchContext ctx = context(b, 11, 2, 0, 100);
+    apply_op(*op, chw, ctx);
+    apply_op(*op, hwc, ctx);
+    EXPECT_TRUE(hwc.tensors[0].permute({0, 3, 1, 2}).equal(chw.tensors[0])) << op->name();
+    EXPECT_FALSE(chw.tensors[0].equal(before)) << op->name() << " changed nothing";
+    // The same samples in another batch, in another order, get the same images.
+    BatchFields shuffled = photo_batch(b, s, false);
+    BatchContext reversed = ctx;
+    std::reverse(reversed.indices.begin(), reversed.indices.end());
+    shuffled.tensors[0] = shuffled.tensors[0].flip(0).contiguous();
+    apply_op(*op, shuffled, reversed);
+    EXPECT_TRUE(shuffled.tensors[0].flip(0).equal(chw.tensors[0])) << op->name();
+    // Another epoch draws again.
+    BatchFields next = photo_batch(b, s, false);
+    BatchContext later = ctx;
+    later.epoch = 3;
+    apply_op(*op, next, later);
+    EXPECT_FALSE(next.tensors[0].equal(chw.tensors[0])) << op->name();
+  }
+}
+
+TEST(PerSampleOps, PolicyOpsApplyExactlyTheStepsTheyDraw) {
+  const int64_t b = 16, s = 24;
+  for (const auto& op : per_sample_ops()) {
+    if (op->name().find("Augment") == std::string::npos) continue;
+    BatchFields batch = photo_batch(b, s, false);
+    const at::Tensor before = batch.tensors[0].clone();
+    const BatchContext ctx = context(b, 3);
+    apply_op(*op, batch, ctx);
+    const bool timm = op->name().find("timm") != std::string::npos;
+    const auto mode = timm ? F::Interpolation::kBilinear : F::Interpolation::kNearest;
+    const std::vector<double> fill =
+        timm ? std::vector<double>{124, 116, 104} : std::vector<double>{};
+    for (int64_t r = 0; r < b; ++r) {
+      SampleRng rng = ctx.sample_rng(static_cast<size_t>(r));
+      at::Tensor want = before[r];
+      for (const auto& step : augment_draws::augment_steps(*op, rng, s, s)) {
+        want = F::apply_augment_op(want, step.op, step.magnitude, mode, fill);
+      }
+      EXPECT_TRUE(batch.tensors[0][r].equal(want)) << op->name() << " row " << r;
+    }
+  }
+}
+
+TEST(PerSampleOps, TheIdentityRangesLeaveTheImages) {
+  BatchFields batch = photo_batch(6, 16, false);
+  const at::Tensor before = batch.tensors[0].clone();
+  apply_op(*color_jitter({}), batch, context(6));
+  apply_op(*random_grayscale(0.0), batch, context(6));
+  apply_op(*random_solarize(100, 0.0), batch, context(6));
+  EXPECT_TRUE(batch.tensors[0].equal(before));
+}
+
+TEST(PerSampleOps, RefuseFloatImagesAndBadParameters) {
+  BatchFields batch = make_batch(2, 8, 10);
+  apply_op(*normalize({}), batch, context(2));
+  EXPECT_THROW(apply_op(*trivial_augment_wide({}), batch, context(2)), BatchTransformError);
+  ColorJitterOptions bad;
+  bad.hue_max = 0.7;
+  EXPECT_THROW(color_jitter(bad), std::invalid_argument);
+  EXPECT_THROW(random_grayscale(1.5), std::invalid_argument);
+  EXPECT_THROW(parse_timm_rand_augment("rand-m9-w3"), std::invalid_argument);
+  EXPECT_THROW(parse_timm_rand_augment("auto-m9"), std::invalid_argument);
+  RandAugmentOptions ra;
+  ra.magnitude = 31;
+  EXPECT_THROW(rand_augment(ra), std::invalid_argument);
+}
+
+TEST(PerSampleOps, TimmConfigIsRead) {
+  const RandAugmentOptions o = parse_timm_rand_augment("rand-m9-mstd0.5-inc1");
+  EXPECT_TRUE(o.timm && o.increasing);
+  EXPECT_EQ(o.magnitude, 9);
+  EXPECT_EQ(o.magnitude_std, 0.5);
+  EXPECT_EQ(o.num_ops, 2);
+  EXPECT_EQ(o.op_prob, 0.5);
+  EXPECT_EQ(parse_timm_rand_augment("rand-n3-m7-mmax9-p0.7").num_ops, 3);
+}
+
+// Over many samples, the draws follow the laws of torchvision's and timm's definitions.
+TEST(PerSampleOps, TheDrawsFollowTheirLaws) {
+  const size_t n = 70000;
+  BatchContext ctx = context(n, 17);
+  std::map<std::string, size_t> ta_ops;
+  size_t negative = 0, signed_ops = 0;
+  const auto ta = trivial_augment_wide({});
+  for (size_t i = 0; i < n; ++i) {
+    SampleRng rng = ctx.sample_rng(i);
+    const auto steps = augment_draws::augment_steps(*ta, rng, 224, 224);
+    ASSERT_EQ(steps.size(), 1u);
+    ++ta_ops[steps[0].op];
+    if ((steps[0].op == "Rotate" || steps[0].op == "ShearX") && steps[0].magnitude != 0) {
+      ++signed_ops;
+      negative += steps[0].magnitude < 0;
+      EXPECT_LE(std::abs(steps[0].magnitude), steps[0].op == "Rotate" ? 135.0 : 0.99 + 1e-6);
+    }
+  }
+  ASSERT_EQ(ta_ops.size(), 14u);
+  const double expect = static_cast<double>(n) / 14, sd = std::sqrt(expect * 13 / 14);
+  for (const auto& [op, count] : ta_ops) {
+    EXPECT_NEAR(static_cast<double>(count), expect, 5 * sd) << op;
+  }
+  EXPECT_NEAR(static_cast<double>(negative) / static_cast<double>(signed_ops), 0.5, 0.02);
+  // timm's rand-m9-mstd0.5-inc1: 2 slots, each applied with probability 0.5; Rotate's level is
+  // N(9, 0.5) clipped to [0, 10], so its |angle| / 3 has mean about 8.99.
+  const auto timm = rand_augment(parse_timm_rand_augment("rand-m9-mstd0.5-inc1"));
+  size_t steps_total = 0;
+  double rotate_sum = 0;
+  size_t rotates = 0;
+  for (size_t i = 0; i < n; ++i) {
+    SampleRng rng = ctx.sample_rng(i);
+    for (const auto& step : augment_draws::augment_steps(*timm, rng, 224, 224)) {
+      ++steps_total;
+      if (step.op == "Rotate") rotate_sum += std::abs(step.magnitude) / 3.0, ++rotates;
+    }
+  }
+  EXPECT_NEAR(static_cast<double>(steps_total) / static_cast<double>(n), 1.0, 0.02);
+  EXPECT_NEAR(rotate_sum / static_cast<double>(rotates), 8.99, 0.05);
 }
 
 }  // namespace

@@ -26,7 +26,15 @@ import torch
 from . import _C
 
 __all__ = ["BatchTransform", "Compose", "Normalize", "RandomErasing", "MixUp", "CutMix",
-           "MixUpCutMix"]
+           "MixUpCutMix", "ColorJitter", "RandomGrayscale", "GaussianBlur", "RandomSolarize",
+           "TrivialAugmentWide", "RandAugment", "AutoAugment", "functional", "apply",
+           "augment_steps"]
+
+#: torchvision v2's kernels on uint8 images [..., 3, H, W], as the ops run them (for tests and
+#: for users who transform by hand): adjust_brightness, adjust_contrast, adjust_saturation,
+#: adjust_hue, adjust_sharpness, rgb_to_grayscale, posterize, solarize, solarize_add, invert,
+#: equalize, autocontrast, gaussian_blur, affine, rotate, apply_augment_op.
+functional = _C.augment.functional
 
 _IMAGENET_MEAN = (0.485, 0.456, 0.406)
 _IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -47,7 +55,9 @@ def op_of(transform: Optional[BatchTransform]):
         return None
     if not isinstance(transform, BatchTransform):
         raise ValueError(f"conveyor: batch_transform must be a conveyor.augment op (Compose, "
-                         f"Normalize, RandomErasing, MixUp, CutMix, MixUpCutMix), not "
+                         f"Normalize, RandomErasing, MixUp, CutMix, MixUpCutMix, ColorJitter, "
+                         f"RandomGrayscale, GaussianBlur, RandomSolarize, TrivialAugmentWide, "
+                         f"RandAugment, AutoAugment), not "
                          f"{type(transform).__qualname__}")
     return transform._op
 
@@ -113,3 +123,134 @@ class MixUpCutMix(BatchTransform):
         self._op = _C.augment.mixup_cutmix(float(mixup_alpha), float(cutmix_alpha),
                                            float(switch_prob), float(label_smoothing),
                                            int(num_classes), image, label)
+
+
+def _range(value, name: str, center: float, bound: Tuple[float, float],
+           clip_first_on_zero: bool = True) -> Tuple[float, float]:
+    """torchvision's ColorJitter._check_input: a number v is [center - v, center + v]."""
+    if value is None:
+        return (center, center)
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"conveyor: ColorJitter's {name} must be >= 0 as a single number")
+        lo, hi = center - float(value), center + float(value)
+        if clip_first_on_zero:
+            lo = max(lo, 0.0)
+    else:
+        lo, hi = (float(v) for v in value)
+    if not bound[0] <= lo <= hi <= bound[1]:
+        raise ValueError(f"conveyor: ColorJitter's {name} must lie in {bound} and increase, "
+                         f"not {(lo, hi)}")
+    return (lo, hi)
+
+
+def _fill(fill) -> list:
+    if fill is None:
+        return []
+    return [float(fill)] if isinstance(fill, (int, float)) else [float(v) for v in fill]
+
+
+def _interpolation(interpolation) -> str:
+    name = getattr(interpolation, "value", interpolation)  # torchvision's InterpolationMode
+    return str(name).lower()
+
+
+class ColorJitter(BatchTransform):
+    """Per sample, brightness, contrast, saturation and hue factors drawn uniform in their ranges
+    and applied in a random order, as torchvision's ColorJitter; with probability ``p`` (1:
+    always; ``p`` is RandomApply's, as DINOv2 writes ``RandomApply([ColorJitter(...)], p=0.8)``)."""
+
+    def __init__(self, brightness=None, contrast=None, saturation=None, hue=None, *,
+                 p: float = 1.0, image: str = "image") -> None:
+        self._op = _C.augment.color_jitter(
+            list(_range(brightness, "brightness", 1.0, (0.0, float("inf")))),
+            list(_range(contrast, "contrast", 1.0, (0.0, float("inf")))),
+            list(_range(saturation, "saturation", 1.0, (0.0, float("inf")))),
+            list(_range(hue, "hue", 0.0, (-0.5, 0.5), clip_first_on_zero=False)), float(p), image)
+
+
+class RandomGrayscale(BatchTransform):
+    """Per sample, with probability ``p``, the image made gray on its 3 channels."""
+
+    def __init__(self, p: float = 0.1, *, image: str = "image") -> None:
+        self._op = _C.augment.random_grayscale(float(p), image)
+
+
+class GaussianBlur(BatchTransform):
+    """Per sample, a Gaussian blur of ``kernel_size`` with sigma uniform in ``sigma`` (min, max),
+    as torchvision's GaussianBlur; with probability ``p`` (DINOv2's 1.0, 0.1, 0.5)."""
+
+    def __init__(self, kernel_size: Union[int, Sequence[int]],
+                 sigma: Union[float, Tuple[float, float]] = (0.1, 2.0), *, p: float = 1.0,
+                 image: str = "image") -> None:
+        sizes = [int(kernel_size)] if isinstance(kernel_size, int) else [int(k) for k in kernel_size]
+        lo, hi = (float(sigma), float(sigma)) if isinstance(sigma, (int, float)) else sigma
+        self._op = _C.augment.gaussian_blur(sizes, float(lo), float(hi), float(p), image)
+
+
+class RandomSolarize(BatchTransform):
+    """Per sample, with probability ``p``, pixels >= ``threshold`` inverted."""
+
+    def __init__(self, threshold: float, p: float = 0.5, *, image: str = "image") -> None:
+        self._op = _C.augment.random_solarize(float(threshold), float(p), image)
+
+
+class TrivialAugmentWide(BatchTransform):
+    """Per sample, one of torchvision's 14 ops at a magnitude bin uniform in
+    ``num_magnitude_bins`` (torchvision's TrivialAugmentWide). ``interpolation``: "nearest" or
+    "bilinear"; ``fill``: None (zeros), a number or one per channel."""
+
+    def __init__(self, num_magnitude_bins: int = 31, interpolation="nearest", fill=None, *,
+                 image: str = "image") -> None:
+        self._op = _C.augment.trivial_augment_wide(int(num_magnitude_bins),
+                                                   _interpolation(interpolation), _fill(fill),
+                                                   image)
+
+
+class RandAugment(BatchTransform):
+    """Per sample, ``num_ops`` ops uniform among torchvision's 14 at bin ``magnitude`` of
+    ``num_magnitude_bins`` (torchvision's RandAugment). ``RandAugment.timm("rand-m9-mstd0.5-inc1")``
+    is timm's variant (DeiT's recipe)."""
+
+    def __init__(self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31,
+                 interpolation="nearest", fill=None, *, image: str = "image") -> None:
+        self._op = _C.augment.rand_augment(int(num_ops), float(magnitude),
+                                           int(num_magnitude_bins), _interpolation(interpolation),
+                                           _fill(fill), image)
+
+    @classmethod
+    def timm(cls, config: str = "rand-m9-mstd0.5-inc1", interpolation=None, fill=None, *,
+             image: str = "image") -> "RandAugment":
+        """timm's ``rand_augment_transform(config)``: keys m (magnitude, 0-10), n (ops, 2), mstd
+        (magnitude std), mmax (10), inc (timm's increasing op set), p (each op's probability,
+        0.5); bilinear and timm's ImageNet-mean fill (124, 116, 104) unless given."""
+        self = cls.__new__(cls)
+        self._op = _C.augment.timm_rand_augment(
+            config, None if interpolation is None else _interpolation(interpolation),
+            None if fill is None else _fill(fill), image)
+        return self
+
+
+class AutoAugment(BatchTransform):
+    """Per sample, one of the ImageNet policy's 25 sub-policies (torchvision's AutoAugment)."""
+
+    def __init__(self, interpolation="nearest", fill=None, *, image: str = "image") -> None:
+        self._op = _C.augment.auto_augment(_interpolation(interpolation), _fill(fill), image)
+
+
+def augment_steps(transform: BatchTransform, seed: int, count: int, height: int, width: int):
+    """The (op, magnitude) steps that ``transform`` (TrivialAugmentWide, RandAugment or
+    AutoAugment) draws for dataset indices 0..count-1 of epoch 0 under ``seed``."""
+    return _C.augment.augment_steps(transform._op, int(seed), int(count), int(height), int(width))
+
+
+def apply(transform: BatchTransform, fields: dict, *, seed: int = 0, epoch: int = 0,
+          sequence: int = 0, indices: Optional[Sequence[int]] = None) -> dict:
+    """Runs ``transform`` on one batch outside a loader, as a loader with ``seed`` would on the
+    batch ``sequence`` of ``epoch`` whose rows are the dataset's ``indices`` (default 0..B-1):
+    ``fields`` maps names to tensors [B, ...] (uint8 "image" [B, 3, H, W] or [B, H, W, 3], int64
+    "label" [B], ...); returns the new dict. The tensors may be changed in place."""
+    rows = next(iter(fields.values())).shape[0]
+    idx = list(range(rows)) if indices is None else [int(i) for i in indices]
+    return _C.augment.apply(op_of(transform), dict(fields), int(seed), int(epoch), int(sequence),
+                            idx)

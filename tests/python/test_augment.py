@@ -1,5 +1,6 @@
-"""conveyor.augment from Python (issue 34): the issue's example pipeline, minus the ops that do
-not exist yet, run by DataLoader(batch_transform=...): soft targets that sum to 1, float images
+"""conveyor.augment from Python (issue 34): the issue's example pipeline (TrivialAugmentWide,
+RandomErasing, Normalize, MixUpCutMix), DeiT's and DINOv2's photometric ones, run by
+DataLoader(batch_transform=...): soft targets that sum to 1, float images
 equal to conveyor.normalize of the plain batch where only Normalize runs, the same batches for
 1 and 4 workers and after a state_dict resume, and wrong arguments refused naming the op."""
 
@@ -15,7 +16,7 @@ aug = conveyor.augment
 
 
 def recipe():
-    return aug.Compose([aug.RandomErasing(p=0.5), aug.Normalize(conveyor.IMAGENET_MEAN,
+    return aug.Compose([aug.TrivialAugmentWide(), aug.RandomErasing(p=0.5), aug.Normalize(conveyor.IMAGENET_MEAN,
                                                                 conveyor.IMAGENET_STD),
                         aug.MixUpCutMix(mixup_alpha=0.2, cutmix_alpha=1.0, num_classes=3,
                                         label_smoothing=0.1)])
@@ -76,7 +77,39 @@ def test_same_batches_for_one_and_four_workers_and_after_a_resume(photos):
             assert torch.equal(x, rx) and torch.equal(y, ry), k
 
 
+def deit_recipe():
+    return aug.Compose([aug.RandAugment.timm("rand-m9-mstd0.5-inc1"), aug.RandomErasing(p=0.25),
+                        aug.Normalize(),
+                        aug.MixUpCutMix(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=3)])
+
+
+def dino_photometric():
+    return aug.Compose([aug.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8), aug.RandomGrayscale(p=0.2),
+                        aug.GaussianBlur(9, (0.1, 2.0), p=0.5), aug.RandomSolarize(128, p=0.2),
+                        aug.AutoAugment(), aug.RandAugment(num_ops=2, magnitude=9)])
+
+
+@pytest.mark.parametrize("make", [deit_recipe, dino_photometric])
+def test_other_recipes_give_the_same_batches_for_one_and_four_workers(photos, make):
+    one = batches(loader(photos, 1, make()), 1)
+    four = batches(loader(photos, 4, make()), 1)
+    plain = batches(loader(photos, 2, None), 1)
+    assert len(one) == len(four) == 7
+    for (x, y), (fx, fy) in zip(one, four):
+        assert torch.equal(x, fx) and torch.equal(y, fy)
+    if make is dino_photometric:  # uint8 out, and most images changed
+        changed = sum((x != px).flatten(1).any(1).sum().item() for (x, _), (px, _) in
+                      zip(one, plain))
+        assert one[0][0].dtype == torch.uint8 and changed >= 20
+
+
 def test_wrong_arguments_are_refused_naming_the_op(photos):
+    with pytest.raises(ValueError, match="ColorJitter's hue must lie in"):
+        aug.ColorJitter(hue=0.7)
+    with pytest.raises(ValueError, match="timm RandAugment key \"w\""):
+        aug.RandAugment.timm("rand-m9-w0")
+    with pytest.raises(ValueError, match="interpolation must be"):
+        aug.TrivialAugmentWide(interpolation="bicubic")
     with pytest.raises(ValueError, match="RandomErasing needs p in"):
         aug.RandomErasing(p=2)
     with pytest.raises(ValueError, match="MixUp/CutMix need"):

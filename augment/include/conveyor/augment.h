@@ -40,6 +40,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "conveyor/augment_functional.h"
 #include "conveyor/prefetch.h"
 #include "conveyor/random.h"
 #include "conveyor/sample_source.h"
@@ -167,6 +168,89 @@ std::shared_ptr<const BatchOp> cutmix(double alpha, int64_t num_classes,
                                       double label_smoothing = 0.0, std::string image = "image",
                                       std::string label = "label");
 
+// ---------------------------------------------------------------------------------------------
+// Per-sample photometric ops: each image of the batch gets its own draw from ctx.sample_rng(row)
+// and is transformed by the functions of conveyor/augment_functional.h (torchvision's kernels).
+
+// torchvision's ColorJitter: each factor uniform in its [min, max] (brightness, contrast and
+// saturation >= 0; hue in [-0.5, 0.5]), the four adjustments in a random order; a range whose ends
+// are the identity (1, or 0 for hue) is skipped. Applied to a sample with probability p (1: always;
+// RandomApply([ColorJitter(...)], p) as DINOv2 writes it).
+struct ColorJitterOptions {
+  double brightness_min = 1, brightness_max = 1;
+  double contrast_min = 1, contrast_max = 1;
+  double saturation_min = 1, saturation_max = 1;
+  double hue_min = 0, hue_max = 0;
+  double p = 1.0;
+  std::string image = "image";
+};
+std::shared_ptr<const BatchOp> color_jitter(ColorJitterOptions options);
+
+// With probability p, the image made gray (rgb_to_grayscale, on its 3 channels).
+std::shared_ptr<const BatchOp> random_grayscale(double p = 0.1, std::string image = "image");
+
+// With probability p, a Gaussian blur of kernel_size (x, y; odd) and sigma uniform in
+// [sigma_min, sigma_max], the same in x and y (torchvision's GaussianBlur, reflect padding).
+struct GaussianBlurOptions {
+  std::vector<int64_t> kernel_size{23, 23};
+  double sigma_min = 0.1, sigma_max = 2.0;
+  double p = 1.0;
+  std::string image = "image";
+};
+std::shared_ptr<const BatchOp> gaussian_blur(GaussianBlurOptions options);
+
+// With probability p, solarize(image, threshold) (torchvision's RandomSolarize).
+std::shared_ptr<const BatchOp> random_solarize(double threshold, double p = 0.5,
+                                               std::string image = "image");
+
+// ---------------------------------------------------------------------------------------------
+// The AutoAugment family, per sample, over torchvision's op tables (augment_functional's
+// apply_augment_op). Geometric ops use `interpolation` and `fill` (empty: torchvision's None).
+
+// torchvision's TrivialAugmentWide: one op uniform among its 14, a magnitude bin uniform among
+// num_magnitude_bins, the sign of a signed op's magnitude + or - with probability 1/2.
+struct TrivialAugmentWideOptions {
+  int64_t num_magnitude_bins = 31;
+  augment_functional::Interpolation interpolation = augment_functional::Interpolation::kNearest;
+  std::vector<double> fill;
+  std::string image = "image";
+};
+std::shared_ptr<const BatchOp> trivial_augment_wide(TrivialAugmentWideOptions options);
+
+// RandAugment. torchvision's (timm = false): num_ops ops, each uniform among its 14 (with
+// replacement), at bin `magnitude` of num_magnitude_bins, a random sign. timm's (timm = true, the
+// DeiT recipe's "rand-m9-mstd0.5-inc1", parse_timm_rand_augment): num_ops ops uniform (with
+// replacement) among timm's 15 (the increasing set when `increasing`, else timm's standard set),
+// each applied with probability op_prob, its magnitude on timm's 0..10 scale drawn per application
+// as N(magnitude, magnitude_std) clipped to [0, magnitude_max], with timm's level functions.
+struct RandAugmentOptions {
+  int64_t num_ops = 2;
+  double magnitude = 9;
+  int64_t num_magnitude_bins = 31;
+  augment_functional::Interpolation interpolation = augment_functional::Interpolation::kNearest;
+  std::vector<double> fill;
+  bool timm = false;
+  double magnitude_std = 0;
+  double magnitude_max = 10;
+  bool increasing = false;
+  double op_prob = 0.5;
+  std::string image = "image";
+};
+std::shared_ptr<const BatchOp> rand_augment(RandAugmentOptions options);
+// timm's config string "rand-m9-mstd0.5-inc1" (keys m, n, mstd, mmax, inc, p): timm's defaults
+// (2 ops, probability 0.5, bilinear, fill timm's ImageNet mean (124, 116, 104)) with its values.
+// Throws std::invalid_argument naming a part it cannot read.
+RandAugmentOptions parse_timm_rand_augment(const std::string& config);
+
+// torchvision's AutoAugment with the ImageNet policy: one of its 25 sub-policies uniform, each of
+// its two ops applied with its probability at its magnitude bin (of 10), a random sign.
+struct AutoAugmentOptions {
+  augment_functional::Interpolation interpolation = augment_functional::Interpolation::kNearest;
+  std::vector<double> fill;
+  std::string image = "image";
+};
+std::shared_ptr<const BatchOp> auto_augment(AutoAugmentOptions options);
+
 // Draws, shared by the ops and their tests (pure functions of the stream they are given).
 namespace augment_draws {
 // Beta(a, b) from two Gamma draws (Marsaglia and Tsang), a, b > 0.
@@ -182,6 +266,14 @@ Box cutmix_box(SampleRng& rng, int64_t h, int64_t w, double lambda);
 // RandomErasing's box, or an empty box when the sample is not erased (probability 1 - p) or no
 // box fits in 10 tries (torchvision's get_params).
 Box erasing_box(SampleRng& rng, int64_t h, int64_t w, const RandomErasingOptions& options);
+// One step of an AutoAugment-family op: the op's torchvision name and its signed magnitude.
+struct AugmentStep {
+  std::string op;
+  double magnitude = 0;
+};
+// The steps that `op` (TrivialAugmentWide, RandAugment or AutoAugment) draws for one h x w image
+// from rng, in order (skipped ones left out). Throws std::invalid_argument for another op.
+std::vector<AugmentStep> augment_steps(const BatchOp& op, SampleRng& rng, int64_t h, int64_t w);
 }  // namespace augment_draws
 
 }  // namespace conveyor

@@ -1,0 +1,175 @@
+"""The augmentation ops' CPU cost and torchvision's classification recipe (issue 34).
+
+    PY=/path/to/venv/bin/python   # with conveyor installed, and torchvision for --recipe
+    $PY bench/python/augment_bench.py --ops [--batch 256 --size 224 --rounds 3]
+    $PY bench/python/augment_bench.py --recipe [--data DIR] [--workers 2] [--rounds 3]
+
+Run with OMP_NUM_THREADS=1 on a shared machine: the ops make many small ATen calls per image, and
+two OpenMP threads per call on oversubscribed cores spin (measured 100x slower for ColorJitter
+with hue under a load average of 15 on 2 cores).
+
+--ops: each op alone on one uint8 batch [batch, 3, size, size] of photo-like images, run by
+conveyor.augment.apply (what a CPU loader's worker runs), the median of --rounds; beside it the
+same op from torchvision.transforms.v2 on each image of the batch in a loop (its transform
+object per image, as a dataset's __getitem__ would), when torchvision is installed.
+
+--recipe: torchvision's v2 classification recipe, RandomResizedCrop 224 + flip +
+TrivialAugmentWide + RandomErasing(0.1), then MixUp(0.2)/CutMix(1.0) on the batch (labels made
+soft targets), batches of 256, --epochs over --data (default: the photos of conveyor-bench,
+~/.cache/conveyor/datasets/photos-v1-10x150):
+  - conveyor: ImageFolder(RandomResizedCrop(224, flip=True)), DataLoader(num_workers=--workers,
+    batch_transform=Compose([TrivialAugmentWide(), RandomErasing(0.1), MixUpCutMix(0.2, 1.0)]));
+  - torch: torchvision ImageFolder on PIL with v2.Compose([RandomResizedCrop(224), flip,
+    TrivialAugmentWide(), PILToTensor(), RandomErasing(0.1)]) in torch's DataLoader with
+    --workers worker processes, then v2.RandomChoice([MixUp(0.2), CutMix(1.0)]) on each batch
+    in the loop (on the batch made float: its MixUp refuses uint8).
+Rounds interleave the two; the ratio is the median of the per-round ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import conveyor
+
+aug = conveyor.augment
+DEFAULT_DATA = Path.home() / ".cache/conveyor/datasets/photos-v1-10x150"
+
+
+def photo_like(n, size, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(n, 3, 6, 6, generator=g) * 255
+    smooth = torch.nn.functional.interpolate(coarse, size=(size, size), mode="bilinear")
+    return (smooth + torch.randn(n, 3, size, size, generator=g) * 6).clamp(0, 255).to(torch.uint8)
+
+
+def ops_table(args):
+    try:
+        from torchvision.transforms import v2
+    except ImportError:
+        v2 = None
+    ops = [
+        ("ColorJitter(0.4, 0.4, 0.2, 0.1)", aug.ColorJitter(0.4, 0.4, 0.2, 0.1),
+         lambda: v2.ColorJitter(0.4, 0.4, 0.2, 0.1)),
+        ("ColorJitter(0.4, 0.4, 0.2) (no hue)", aug.ColorJitter(0.4, 0.4, 0.2),
+         lambda: v2.ColorJitter(0.4, 0.4, 0.2)),
+        ("RandomGrayscale(p=1)", aug.RandomGrayscale(p=1.0), lambda: v2.RandomGrayscale(p=1.0)),
+        ("GaussianBlur(23, (0.1, 2))", aug.GaussianBlur(23, (0.1, 2.0)),
+         lambda: v2.GaussianBlur(23, (0.1, 2.0))),
+        ("RandomSolarize(128, p=1)", aug.RandomSolarize(128, p=1.0),
+         lambda: v2.RandomSolarize(128, p=1.0)),
+        ("TrivialAugmentWide()", aug.TrivialAugmentWide(), lambda: v2.TrivialAugmentWide()),
+        ("RandAugment(2, 9)", aug.RandAugment(2, 9), lambda: v2.RandAugment(2, 9)),
+        ("RandAugment.timm(rand-m9-mstd0.5-inc1)", aug.RandAugment.timm("rand-m9-mstd0.5-inc1"),
+         None),
+        ("AutoAugment(IMAGENET)", aug.AutoAugment(), lambda: v2.AutoAugment()),
+        ("RandomErasing(p=1)", aug.RandomErasing(p=1.0), lambda: v2.RandomErasing(p=1.0)),
+        ("MixUpCutMix(0.8, 1.0)", aug.MixUpCutMix(num_classes=1000), None),
+        ("Normalize (uint8 to float32)", aug.Normalize(), None),
+    ]
+    images = photo_like(args.batch, args.size)
+    labels = torch.randint(0, 1000, (args.batch,))
+    print(f"per op, batch {args.batch} x 3 x {args.size} x {args.size} uint8, "
+          f"{torch.get_num_threads()} ATen threads, median of {args.rounds}")
+    print("| op | Conveyor ms/batch | torchvision v2 per image, ms/batch | torchvision / Conveyor |")
+    print("|---|---|---|---|")
+    for name, op, tv in ops:
+        times = []
+        for r in range(args.rounds):
+            fields = {"image": images.clone(), "label": labels.clone()}
+            start = time.perf_counter()
+            aug.apply(op, fields, seed=r, epoch=0)
+            times.append(time.perf_counter() - start)
+        ours = statistics.median(times) * 1000
+        theirs = ""
+        ratio = ""
+        if v2 is not None and tv is not None:
+            t = tv()
+            tv_times = []
+            for r in range(args.rounds):
+                torch.manual_seed(r)
+                start = time.perf_counter()
+                for i in range(args.batch):
+                    t(images[i])
+                tv_times.append(time.perf_counter() - start)
+            theirs_ms = statistics.median(tv_times) * 1000
+            theirs = f"{theirs_ms:,.0f}"
+            ratio = f"{theirs_ms / ours:.2f}x"
+        print(f"| {name} | {ours:,.0f} | {theirs} | {ratio} |", flush=True)
+
+
+def run_conveyor(data, workers, epochs):
+    train = conveyor.ImageFolder(str(data), transform=conveyor.RandomResizedCrop(224, flip=True))
+    recipe = aug.Compose([aug.TrivialAugmentWide(), aug.RandomErasing(p=0.1),
+                          aug.MixUpCutMix(mixup_alpha=0.2, cutmix_alpha=1.0,
+                                          num_classes=len(os.listdir(data)),
+                                          label_smoothing=0.0)])
+    loader = conveyor.DataLoader(train, batch_size=256, shuffle=True, num_workers=workers,
+                                 seed=0, batch_transform=recipe)
+    n = 0
+    start = time.perf_counter()
+    for _ in range(epochs):
+        for images, targets in loader:
+            n += images.shape[0]
+    return n / (time.perf_counter() - start)
+
+
+def run_torch(data, workers, epochs):
+    import torchvision
+    from torchvision.transforms import v2
+
+    t = v2.Compose([v2.RandomResizedCrop(224, antialias=True), v2.RandomHorizontalFlip(),
+                    v2.TrivialAugmentWide(), v2.PILToTensor(), v2.RandomErasing(p=0.1)])
+    dataset = torchvision.datasets.ImageFolder(str(data), transform=t)
+    mix = v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=len(dataset.classes)),
+                           v2.CutMix(alpha=1.0, num_classes=len(dataset.classes))])
+    loader = torch.utils.data.DataLoader(dataset, batch_size=256, shuffle=True,
+                                         num_workers=workers, persistent_workers=True,
+                                         prefetch_factor=2)
+    n = 0
+    start = time.perf_counter()
+    for _ in range(epochs):
+        for images, labels in loader:
+            images, targets = mix(images.float(), labels)  # its MixUp takes float images
+            n += images.shape[0]
+    return n / (time.perf_counter() - start)
+
+
+def recipe(args):
+    data = Path(args.data) if args.data else DEFAULT_DATA
+    rows = []
+    for r in range(args.rounds):
+        c = run_conveyor(data, args.workers, args.epochs)
+        t = run_torch(data, args.workers, args.epochs)
+        rows.append((c, t))
+        print(f"round {r + 1}: conveyor {c:,.0f} images/s, torch {t:,.0f} images/s, "
+              f"ratio {c / t:.2f}x", flush=True)
+    print(f"median: conveyor {statistics.median(c for c, _ in rows):,.0f}, torch "
+          f"{statistics.median(t for _, t in rows):,.0f} images/s, ratio "
+          f"{statistics.median(c / t for c, t in rows):.2f}x")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ops", action="store_true")
+    parser.add_argument("--recipe", action="store_true")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=1)
+    args = parser.parse_args()
+    if args.ops:
+        ops_table(args)
+    if args.recipe:
+        recipe(args)
+
+
+if __name__ == "__main__":
+    main()
