@@ -6,7 +6,6 @@
 // refused before decoding; truncated and corrupt files are errors naming the file; a WebP named
 // .jpg in an ImageFolder is read by its content; WebDataset shards with .png and .webp members
 // read back through tar_shards with the default image keys.
-#include <webp/decode.h>
 #include <webp/encode.h>
 
 #include <gtest/gtest.h>
@@ -22,6 +21,7 @@
 #include "png_reference.h"
 #include "shards_test_support.h"
 #include "test_support.h"
+#include "webp_reference.h"
 
 namespace conveyor {
 namespace {
@@ -32,73 +32,18 @@ using testing::Reference;
 using testing::TempDir;
 using testing::write_bytes;
 
-struct WebpFile {
-  std::string name;  // "lossy_rgba-17x13 (libwebp)", "lossless_rgb-1x1.webp (Pillow)"
-  std::vector<uint8_t> bytes;
-};
+using testing::encoded_webps;
+using testing::webp_reference;
+using testing::WebpFile;
 
 std::vector<uint8_t> read_file(const fs::path& path) {
-  const std::string s = testing::shards::slurp(path);
-  return {s.begin(), s.end()};
+  const std::string str = testing::shards::slurp(path);
+  return {str.begin(), str.end()};
 }
 
-// libwebp's full decode as RGBX (alpha in X, which expected_row ignores).
-Reference webp_reference(const WebpFile& f) {
-  Reference ref;
-  uint8_t* rgba = WebPDecodeRGBA(f.bytes.data(), f.bytes.size(), &ref.width, &ref.height);
-  if (rgba == nullptr) throw std::runtime_error("libwebp refuses " + f.name);
-  ref.rgbx.assign(rgba, rgba + static_cast<size_t>(ref.width) * ref.height * 4);
-  WebPFree(rgba);
-  return ref;
-}
-
-// Photo-like pixels: gradients, edges and noise; alpha varies across the image.
-std::vector<uint8_t> photo(int width, int height, int channels, uint64_t seed) {
-  std::mt19937 rng(static_cast<uint32_t>(seed));
-  std::vector<uint8_t> p(static_cast<size_t>(width) * height * channels);
-  for (int y = 0; y < height; ++y) {
-    for (int x = 0; x < width; ++x) {
-      for (int c = 0; c < channels; ++c) {
-        int v = c == 3 ? (x * 37 + y * 11) % 256 : (x * (3 + c) + y * (5 - c) + 40 * c) % 256;
-        if ((x / 7 + y / 5) % 3 == 0 && c < 3) v = 255 - v;
-        v += static_cast<int>(rng() % 25) - 12;
-        p[(static_cast<size_t>(y) * width + x) * channels + c] =
-            static_cast<uint8_t>(std::clamp(v, 0, 255));
-      }
-    }
-  }
-  return p;
-}
-
-// Every kind libwebp's simple encoder writes, at odd sizes from 1x1.
 std::vector<WebpFile> encoded_here() {
-  std::vector<WebpFile> files;
   const int sizes[][2] = {{1, 1}, {1, 7}, {9, 1}, {5, 3}, {17, 13}, {33, 31}, {64, 41}, {99, 70}};
-  uint64_t seed = 1;
-  for (int channels : {3, 4}) {
-    for (bool lossless : {false, true}) {
-      for (const auto& wh : sizes) {
-        const int w = wh[0], h = wh[1];
-        const std::vector<uint8_t> pixels = photo(w, h, channels, seed++);
-        uint8_t* out = nullptr;
-        const int stride = w * channels;
-        const size_t size =
-            channels == 3 ? (lossless ? WebPEncodeLosslessRGB(pixels.data(), w, h, stride, &out)
-                                      : WebPEncodeRGB(pixels.data(), w, h, stride, 80, &out))
-                          : (lossless ? WebPEncodeLosslessRGBA(pixels.data(), w, h, stride, &out)
-                                      : WebPEncodeRGBA(pixels.data(), w, h, stride, 80, &out));
-        if (size == 0) throw std::runtime_error("libwebp's encoder failed");
-        WebpFile f;
-        f.name = std::string(lossless ? "lossless" : "lossy") +
-                 (channels == 4 ? "_rgba-" : "_rgb-") + std::to_string(w) + "x" +
-                 std::to_string(h) + " (libwebp)";
-        f.bytes.assign(out, out + size);
-        WebPFree(out);
-        files.push_back(std::move(f));
-      }
-    }
-  }
-  return files;
+  return encoded_webps(sizes, 1);
 }
 
 // Pillow's files (webp_write.py), written once into a folder kept for the whole test program.
@@ -254,7 +199,7 @@ TEST(WebpImageWriter, AHugeDeclaredSizeIsRefusedBeforeDecoding) {
   ImageTransform small = ImageTransform::train(8);
   small.limits.max_pixels = 100;
   ImageWriter strict(small);
-  const std::vector<uint8_t> pixels = photo(11, 10, 3, 1);
+  const std::vector<uint8_t> pixels = testing::photo_pixels(11, 10, 3, 1);
   uint8_t* out = nullptr;
   size_t size = WebPEncodeLosslessRGB(pixels.data(), 11, 10, 33, &out);
   const std::vector<uint8_t> over(out, out + size);

@@ -18,6 +18,7 @@
 #include <webp/decode.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -52,6 +53,8 @@ const char* status_name(VP8StatusCode status) {
 
 // A lossy crop's margin around the region: one chroma sample (chroma is subsampled 2x2).
 constexpr int kLossyMargin = 2;
+// The largest region buffer a decoder keeps after a failed decode (16 MiB: 4 Mpx RGBX).
+constexpr size_t kKeptAfterFailure = size_t{16} << 20;
 
 class WebpDecoder final : public ImageDecoder {
  public:
@@ -70,6 +73,17 @@ class WebpDecoder final : public ImageDecoder {
     if (status != VP8_STATUS_OK) fail("reading the header", status);
     if (f.has_animation) {
       throw ImageDecodeError("WebP decode failed: an animated WebP (only still images decode)");
+    }
+    // Shorter than its RIFF header says: truncated, as libwebp's decode of a whole buffer would
+    // find, but before a buffer of the declared image's size is allocated.
+    if (size >= 8 && std::memcmp(data, "RIFF", 4) == 0) {
+      const uint64_t riff = uint64_t{data[4]} | uint64_t{data[5]} << 8 | uint64_t{data[6]} << 16 |
+                            uint64_t{data[7]} << 24;
+      if (riff + 8 > size) {
+        throw ImageDecodeError("WebP decode failed: truncated: its RIFF header declares " +
+                               std::to_string(riff + 8) + " bytes, the file has " +
+                               std::to_string(size));
+      }
     }
     const std::string over_limit = pixel_limit_exceeded(static_cast<uint64_t>(f.width),
                                                         static_cast<uint64_t>(f.height), limits_);
@@ -121,7 +135,12 @@ class WebpDecoder final : public ImageDecoder {
     out.u.RGBA.size = bytes;
     const VP8StatusCode status = WebPDecode(data, size_, &config_);
     WebPFreeDecBuffer(&out);  // external memory: frees nothing of ours
-    if (status != VP8_STATUS_OK) fail("decoding the image", status);
+    if (status != VP8_STATUS_OK) {
+      // A few bytes can declare a large image (its size is checked only against max_pixels):
+      // the buffer they made is not kept past the failure.
+      if (region_.size() > kKeptAfterFailure) std::vector<uint8_t>().swap(region_);
+      fail("decoding the image", status);
+    }
     DecodedImage image;
     image.pixels = region_.data() + static_cast<size_t>(y - top) * stride +
                    static_cast<size_t>(x - left) * pixel;
