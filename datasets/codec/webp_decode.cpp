@@ -19,9 +19,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "codec/image_codec.h"
 
@@ -126,11 +126,16 @@ class WebpDecoder final : public ImageDecoder {
     const size_t pixel = static_cast<size_t>(channels_);
     const size_t stride = static_cast<size_t>(crop_w) * pixel;
     const size_t bytes = stride * static_cast<size_t>(crop_h);
-    if (region_.size() < bytes) region_.resize(bytes);
+    if (region_bytes_ < bytes) {
+      // Not zeroed: a few bytes can declare a large image, and libwebp writes every byte of a
+      // region it decodes; pages a failed decode never wrote are never touched.
+      region_ = std::make_unique_for_overwrite<uint8_t[]>(bytes);
+      region_bytes_ = bytes;
+    }
     WebPDecBuffer& out = config_.output;
     out.colorspace = channels_ == 4 ? MODE_RGBA : MODE_RGB;
     out.is_external_memory = 1;
-    out.u.RGBA.rgba = region_.data();
+    out.u.RGBA.rgba = region_.get();
     out.u.RGBA.stride = static_cast<int>(stride);
     out.u.RGBA.size = bytes;
     const VP8StatusCode status = WebPDecode(data, size_, &config_);
@@ -138,11 +143,14 @@ class WebpDecoder final : public ImageDecoder {
     if (status != VP8_STATUS_OK) {
       // A few bytes can declare a large image (its size is checked only against max_pixels):
       // the buffer they made is not kept past the failure.
-      if (region_.size() > kKeptAfterFailure) std::vector<uint8_t>().swap(region_);
+      if (region_bytes_ > kKeptAfterFailure) {
+        region_.reset();
+        region_bytes_ = 0;
+      }
       fail("decoding the image", status);
     }
     DecodedImage image;
-    image.pixels = region_.data() + static_cast<size_t>(y - top) * stride +
+    image.pixels = region_.get() + static_cast<size_t>(y - top) * stride +
                    static_cast<size_t>(x - left) * pixel;
     image.width = width;
     image.height = height;
@@ -162,7 +170,8 @@ class WebpDecoder final : public ImageDecoder {
   WebPDecoderConfig config_{};
   const uint8_t* data_ = nullptr;  // the file begin() read, until finish_region()
   size_t size_ = 0;
-  std::vector<uint8_t> region_;  // the decoded crop, reused
+  std::unique_ptr<uint8_t[]> region_;  // the decoded crop, reused
+  size_t region_bytes_ = 0;
 };
 
 }  // namespace
