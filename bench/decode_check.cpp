@@ -14,8 +14,10 @@
 //
 // It then checks PNG (every colour type, bit depth and interlacing, tests/png_writer.h):
 // ImageWriter::write against libpng's full decode, cut at the same box, resized with the same
-// libyuv filter, flipped and laid out (tests/png_reference.h). Tolerance: none (lossless). A
-// summary line per codec precedes the last line, which counts both.
+// libyuv filter, flipped and laid out (tests/png_reference.h). Tolerance: none (lossless). Then
+// WebP (lossy and lossless, RGB and RGBA, tests/webp_reference.h) against libwebp's full decode
+// and the same steps: tolerance none too, lossy included (the decoder crops with a margin, so its
+// region is the full decode's). A summary line per codec precedes the last line, which counts all.
 //
 // Each pair makes two comparisons:
 //   region  JpegDecoder::decode_region (one of six option sets: the loader's RGBX + fast
@@ -67,6 +69,7 @@
 
 #include "../tests/png_reference.h"
 #include "../tests/png_writer.h"
+#include "../tests/webp_reference.h"
 #include "codec/jpeg_segments.h"
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
@@ -876,33 +879,21 @@ class Checker {
   std::vector<uint8_t> out_, want_;
 };
 
-// PNG (issue 32): ImageWriter on a generated corpus of every colour type, bit depth and
-// interlacing (tests/png_writer.h) against libpng's full decode then the same crop, resize, flip
-// and layout (tests/png_reference.h). Lossless: tolerance 0.
-struct PngStats {
+// A lossless codec's files (issue 32) through ImageWriter against their references' full decode
+// then the same crop, resize, flip and layout (tests/png_reference.h's expected_row). Tolerance
+// none: PNG (every colour type, bit depth and interlacing, tests/png_writer.h, against libpng)
+// and WebP (lossy and lossless, RGB and RGBA, tests/webp_reference.h, against libwebp's full
+// decode: the decoder's cropping gives the full decode's pixels, lossy included).
+struct CodecStats {
   uint64_t files = 0, samples = 0, mismatches = 0;
   int max_abs_diff = 0;
 };
 
-PngStats check_png(const Config& config, uint64_t samples, std::mutex& report_mutex,
-                   std::atomic<uint64_t>& reported) {
-  std::vector<testing::PngFile> files;
-  std::vector<testing::Reference> references;
-  uint64_t seed = config.seed;
-  const int sizes[][2] = {{1, 1}, {3, 1}, {1, 5}, {17, 13}, {64, 47}, {201, 150}, {500, 375}};
-  for (testing::PngSpec kind : testing::every_png_kind()) {
-    for (const auto& wh : sizes) {
-      for (const bool interlaced : {false, true}) {
-        kind.width = wh[0];
-        kind.height = wh[1];
-        kind.interlaced = interlaced;
-        kind.transparency = seed % 3 == 0 && kind.color_type != 4 && kind.color_type != 6;
-        files.push_back(testing::make_png(kind, seed++));
-        references.push_back(testing::reference_of(files.back()));
-      }
-    }
-  }
-  PngStats stats;
+CodecStats check_codec(const char* codec, const Config& config, uint64_t samples,
+                       const std::vector<testing::WebpFile>& files,
+                       const std::vector<testing::Reference>& references, std::mutex& report_mutex,
+                       std::atomic<uint64_t>& reported) {
+  CodecStats stats;
   stats.files = files.size();
   std::vector<ImageWriter> writers;
   for (const ImageTransform& t : transforms()) writers.emplace_back(t);
@@ -925,12 +916,42 @@ PngStats check_png(const Config& config, uint64_t samples, std::mutex& report_mu
     ++stats.mismatches;
     if (reported.fetch_add(1) < config.max_report) {
       std::lock_guard<std::mutex> lock(report_mutex);
-      std::cout << "MISMATCH png " << testing::describe(files[f].spec) << " output " << side
-                << " index " << i << ": max abs diff " << d.max_abs << " at byte " << d.first
-                << "\n";
+      std::cout << "MISMATCH " << codec << " " << files[f].name << " output " << side << " index "
+                << i << ": max abs diff " << d.max_abs << " at byte " << d.first << "\n";
     }
   }
   return stats;
+}
+
+CodecStats check_png(const Config& config, uint64_t samples, std::mutex& report_mutex,
+                     std::atomic<uint64_t>& reported) {
+  std::vector<testing::WebpFile> files;  // a name and bytes, whatever the format
+  std::vector<testing::Reference> references;
+  uint64_t seed = config.seed;
+  const int sizes[][2] = {{1, 1}, {3, 1}, {1, 5}, {17, 13}, {64, 47}, {201, 150}, {500, 375}};
+  for (testing::PngSpec kind : testing::every_png_kind()) {
+    for (const auto& wh : sizes) {
+      for (const bool interlaced : {false, true}) {
+        kind.width = wh[0];
+        kind.height = wh[1];
+        kind.interlaced = interlaced;
+        kind.transparency = seed % 3 == 0 && kind.color_type != 4 && kind.color_type != 6;
+        const testing::PngFile png = testing::make_png(kind, seed++);
+        references.push_back(testing::reference_of(png));
+        files.push_back({testing::describe(png.spec), png.bytes});
+      }
+    }
+  }
+  return check_codec("png", config, samples, files, references, report_mutex, reported);
+}
+
+CodecStats check_webp(const Config& config, uint64_t samples, std::mutex& report_mutex,
+                      std::atomic<uint64_t>& reported) {
+  const int sizes[][2] = {{1, 1}, {3, 1}, {1, 5}, {17, 13}, {64, 47}, {201, 150}, {500, 375}};
+  const std::vector<testing::WebpFile> files = testing::encoded_webps(sizes, config.seed);
+  std::vector<testing::Reference> references;
+  for (const testing::WebpFile& f : files) references.push_back(testing::webp_reference(f));
+  return check_codec("webp", config, samples, files, references, report_mutex, reported);
 }
 
 int run(const Config& config) {
@@ -1005,19 +1026,30 @@ int run(const Config& config) {
     std::cout << "skipped " << total.skipped << " checks of files TurboJPEG cannot decode either\n";
   }
   const auto png_started = std::chrono::steady_clock::now();
-  const PngStats png =
+  const CodecStats png =
       check_png(config, std::max<uint64_t>(200, config.pairs / 10), report_mutex, reported);
   const double png_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - png_started).count();
+  const auto webp_started = std::chrono::steady_clock::now();
+  const CodecStats webp =
+      check_webp(config, std::max<uint64_t>(200, config.pairs / 10), report_mutex, reported);
+  const double webp_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - webp_started).count();
   std::cout << "time " << seconds << " s\n";
   std::cout << "JPEG: " << total.pairs << " pairs, " << total.mismatches << " mismatches\n";
   std::cout << "PNG: " << png.samples << " samples of " << png.files
             << " files (every colour type, bit depth, interlacing; against libpng), "
             << png.mismatches << " mismatches, max abs diff " << png.max_abs_diff << " ("
             << png_seconds << " s)\n";
-  total.pairs += png.samples;
-  total.mismatches += png.mismatches;
-  total.max_abs_diff = std::max(total.max_abs_diff, png.max_abs_diff);
+  std::cout << "WebP: " << webp.samples << " samples of " << webp.files
+            << " files (lossy and lossless, RGB and RGBA; against libwebp's full decode), "
+            << webp.mismatches << " mismatches, max abs diff " << webp.max_abs_diff << " ("
+            << webp_seconds << " s)\n";
+  for (const CodecStats* codec : {&png, &webp}) {
+    total.pairs += codec->samples;
+    total.mismatches += codec->mismatches;
+    total.max_abs_diff = std::max(total.max_abs_diff, codec->max_abs_diff);
+  }
   std::cout << total.pairs << " pairs, " << total.mismatches << " mismatches, max abs diff "
             << total.max_abs_diff << ", min PSNR ";
   if (std::isfinite(total.min_psnr)) {

@@ -7,6 +7,12 @@ files and cores: RandomResizedCrop 224 + horizontal flip, uint8, batch 256.
         [--loaders conveyor,conveyor-bench,torch-pil,torch-decode-jpeg,dali-cpu,spdl,ffcv]
         [--device cpu|cuda] [--json FILE]
 
+`--format png|webp` (issue 32) runs on the --data JPEGs re-encoded once by Pillow (PNG; lossy WebP
+at quality 80), written beside them; its torch peer is `torch-pil-plain`, PyTorch's DataLoader
+with PIL's decode and the same RandomResizedCrop 224 + flip done with PIL, without torchvision:
+
+    python bench/python/bench.py --format webp --loaders conveyor,torch-pil-plain
+
 (scripts/run --python does both.) Each loader runs in a process of its own, in turn, and the
 rounds interleave them, so a machine whose speed drifts affects every loader alike; a loader's
 figure is its median over the rounds, and each ratio is the median of the per-round ratios
@@ -80,6 +86,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -95,7 +102,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 CROP = 224
 BATCH = 256
-ALL = ["conveyor", "conveyor-bench", "torch-pil", "torch-decode-jpeg", "dali-cpu", "spdl", "ffcv"]
+ALL = ["conveyor", "conveyor-bench", "torch-pil", "torch-decode-jpeg", "dali-cpu", "spdl", "ffcv",
+       "torch-pil-plain"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -162,6 +170,82 @@ class DecodeJpegFolder:
         path, label = self.samples[i]
         image = torchvision.io.decode_jpeg(torchvision.io.read_file(path))
         return self.transform(image), label
+
+
+class PilFolder:
+    """An ImageFolder read without torchvision: PIL's decode (`convert("RGB")`, any format),
+    RandomResizedCrop's box drawn by torchvision's rule (scale 0.08-1, ratio 3/4-4/3, 10 tries,
+    then the centre), cut and resized to CROP x CROP by PIL's bilinear filter, a flip with
+    probability 1/2, and a uint8 CHW tensor: the torch peer of --format png/webp."""
+
+    EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp")
+
+    def __init__(self, root):
+        classes = sorted(d.name for d in Path(root).iterdir() if d.is_dir())
+        self.samples = [(str(p), label) for label, name in enumerate(classes)
+                        for p in sorted((Path(root) / name).iterdir())
+                        if p.suffix.lower() in self.EXTENSIONS]
+
+    def __len__(self):
+        return len(self.samples)
+
+    @staticmethod
+    def crop_box(width, height):
+        area = width * height
+        for _ in range(10):
+            target = area * random.uniform(0.08, 1.0)
+            aspect = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+            w = int(round(math.sqrt(target * aspect)))
+            h = int(round(math.sqrt(target / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                left, top = random.randint(0, width - w), random.randint(0, height - h)
+                return left, top, left + w, top + h
+        side = min(width, height)
+        left, top = (width - side) // 2, (height - side) // 2
+        return left, top, left + side, top + side
+
+    def __getitem__(self, i):
+        import torch
+        from PIL import Image
+
+        path, label = self.samples[i]
+        with Image.open(path) as opened:
+            image = opened.convert("RGB")
+        image = image.resize((CROP, CROP), Image.BILINEAR, box=self.crop_box(*image.size))
+        if random.random() < 0.5:
+            image = image.transpose(Image.FLIP_LEFT_RIGHT)
+        pixels = torch.frombuffer(bytearray(image.tobytes()), dtype=torch.uint8)
+        return pixels.view(CROP, CROP, 3).permute(2, 0, 1), label
+
+
+def run_torch_pil_plain(data, workers, epochs, device):
+    loader = torch_loader(PilFolder(data), workers)
+    return timed_epochs(lambda: loader, epochs, lambda b: b[0].shape[0])
+
+
+def converted_data(data, fmt):
+    """The --data folder with every image re-encoded by Pillow as `fmt` (png: Pillow's default
+    compression; webp: lossy, quality 80), written once beside it (DATA-png, DATA-webp)."""
+    from PIL import Image
+
+    out = Path(str(data).rstrip("/") + "-" + fmt)
+    done = out / ".complete"
+    if done.exists():
+        return str(out)
+    print(f"writing {out} ...", file=sys.stderr, flush=True)
+    for path in sorted(Path(data).rglob("*")):
+        if path.suffix.lower() not in (".jpg", ".jpeg"):
+            continue
+        target = out / path.relative_to(data).with_suffix("." + fmt)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with Image.open(path) as image:
+            rgb = image.convert("RGB")
+        if fmt == "webp":
+            rgb.save(target, "WEBP", quality=80)
+        else:
+            rgb.save(target, "PNG")
+    done.write_text("")
+    return str(out)
 
 
 def run_torch_decode_jpeg(data, workers, epochs, device):
@@ -260,7 +344,7 @@ def run_ffcv(data, workers, epochs, device, beton):
         {"first_epoch_seconds": compile_seconds},)
 
 
-RUNS = {"conveyor": run_conveyor, "torch-pil": run_torch_pil,
+RUNS = {"conveyor": run_conveyor, "torch-pil": run_torch_pil, "torch-pil-plain": run_torch_pil_plain,
         "torch-decode-jpeg": run_torch_decode_jpeg, "dali-cpu": run_dali_cpu, "spdl": run_spdl,
         "ffcv": run_ffcv}
 
@@ -863,6 +947,9 @@ def clip_main(args, loaders, report):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="an ImageFolder (default: conveyor-bench's dataset)")
+    parser.add_argument("--format", choices=("jpeg", "png", "webp"), default="jpeg",
+                        help="png, webp: the --data JPEGs re-encoded once by Pillow (lossy WebP, "
+                             "quality 80), beside them")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rounds", type=int, help="default 3; with --sqlite-memory 1")
@@ -922,6 +1009,8 @@ def main():
     else:
         if not args.data:
             args.data = default_data(args.conveyor_bench)
+        if args.format != "jpeg":
+            args.data = converted_data(args.data, args.format)
         known, main_loader = (CLIP_ALL, "conveyor-fields") if args.clip else (ALL, "conveyor")
         loaders = [name for name in (args.loaders or ",".join(known)).split(",") if name]
         for name in loaders:

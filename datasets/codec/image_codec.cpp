@@ -35,7 +35,7 @@ bool is_tiff(const uint8_t* d, size_t n) {
 constexpr ImageCodec kCodecs[] = {
     {ImageFormat::kJpeg, is_jpeg, make_jpeg_decoder},
     {ImageFormat::kPng, is_png, make_png_decoder},
-    {ImageFormat::kWebp, is_webp, nullptr},
+    {ImageFormat::kWebp, is_webp, make_webp_decoder},
     {ImageFormat::kBmp, is_bmp, nullptr},
     {ImageFormat::kPnm, is_pnm, nullptr},
     {ImageFormat::kGif, is_gif, nullptr},

@@ -11,9 +11,9 @@
 // Adding a codec is one file and one row: a datasets/codec/<format>_decode.cpp that defines its
 // make_<format>_decoder(), declared below, and that function in the format's row of the table
 // (image_codec.cpp). Nothing else changes: not the sources, the shard readers nor the engine.
-// A format whose row has no decoder (WebP, BMP, PNM, GIF and TIFF for now) is recognised, and a
-// file of it is refused with a message naming the format ("a GIF image: no codec for GIF"),
-// which the loader's on_error policy reports or counts as a skip with the file's name.
+// A format whose row has no decoder (BMP, PNM, GIF and TIFF: docs/design.md says why) is
+// recognised, and a file of it is refused with a message naming the format ("a GIF image: no codec
+// for GIF"), which the loader's on_error policy reports or counts as a skip with the file's name.
 #pragma once
 
 #include <cstddef>
@@ -95,17 +95,20 @@ std::unique_ptr<ImageDecoder> make_image_decoder(ImageFormat format, const Decod
                                                  const DecodeOptions& options);
 
 // Why `data`, found to be of `format`, has no decoder: "a GIF image: no codec for GIF (Conveyor
-// decodes JPEG and PNG)", or for bytes of no known format, their first bytes in hex.
+// decodes JPEG, PNG and WebP)", or for bytes of no known format, their first bytes in hex.
 std::string no_codec_message(ImageFormat format, const uint8_t* data, size_t size);
 
 // Why an image of width x height is refused by `limits` (max_pixels), or an empty string: the
 // one wording every codec's "rejected" message uses.
 std::string pixel_limit_exceeded(uint64_t width, uint64_t height, const DecodeLimits& limits);
 
-// The codecs' decoders, one file each (jpeg_codec.cpp, png_decode.cpp).
+// The codecs' decoders, one file each (jpeg_codec.cpp, png_decode.cpp, webp_decode.cpp).
 std::unique_ptr<ImageDecoder> make_jpeg_decoder(const DecodeLimits& limits,
                                                 const DecodeOptions& options);
 std::unique_ptr<ImageDecoder> make_png_decoder(const DecodeLimits& limits,
                                                const DecodeOptions& options);
+// WebP (libwebp): lossy and lossless still images, alpha dropped; an animated WebP is refused.
+std::unique_ptr<ImageDecoder> make_webp_decoder(const DecodeLimits& limits,
+                                                const DecodeOptions& options);
 
 }  // namespace conveyor::detail

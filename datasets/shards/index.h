@@ -9,7 +9,8 @@
 //
 // Version 2 (issue 31): "members" lists every member of the sample in tar order, each as its
 // extension (lower case, by the key rule of tar_reader.h), the offset of its data in the shard and
-// its size. "offset" and "size" repeat those of the image member (the first "jpg" or "jpeg"), for
+// its size. "offset" and "size" repeat those of the image member (the first "jpg", "jpeg", "png" or
+// "webp": tar_reader.h's is_image_extension), for
 // readers of version 1; written only for a sample that has one, and when given they must agree
 // with "members". "label" is the decimal .cls beside it, written only when the sample has one.
 // Version 1: no "members"; "offset" and "size" are the .jpg member's, "label" is required; it
@@ -60,7 +61,7 @@ struct IndexedMember {
 
 struct IndexedSample {
   std::string key;
-  uint64_t offset = 0;  // the image member's data ("jpg" or "jpeg"); 0 and 0 without one
+  uint64_t offset = 0;  // the image member's data (is_image_extension); 0 and 0 without one
   uint64_t size = 0;
   int64_t label = 0;  // the .cls label when has_label, else 0
   bool has_label = true;
@@ -94,7 +95,7 @@ struct ShardIndex {
   // The id of `name`, added to member_names if new.
   uint32_t name_member(std::string_view name);
   // Adds `sample` to `shard` (one of `shards`) with `members` (ids from name_member), and sets
-  // the sample's offset and size from its image member (the first "jpg" or "jpeg"; 0 and 0
+  // the sample's offset and size from its image member (the first is_image_extension; 0 and 0
   // without one): how a writer builds an index (conveyor-prepare). No bound is checked here:
   // parse_index checks what it reads.
   void add_sample(IndexedShard& shard, IndexedSample sample,

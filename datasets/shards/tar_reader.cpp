@@ -2,6 +2,8 @@
 // and reads at random.
 #include "shards/tar_reader.h"
 
+#include "conveyor/fields.h"
+
 #include <archive.h>
 #include <archive_entry.h>
 
@@ -136,7 +138,13 @@ void split_member(const std::string& path, std::string& key, std::string& extens
 }
 
 bool is_image_extension(std::string_view extension) {
-  return extension == "jpg" || extension == "jpeg";
+  std::string_view keys = Field::kDefaultImageKeys;
+  for (;;) {
+    const size_t semicolon = keys.find(';');
+    if (keys.substr(0, semicolon) == extension) return true;
+    if (semicolon == std::string_view::npos) return false;
+    keys.remove_prefix(semicolon + 1);
+  }
 }
 
 struct TarSampleReader::State {

@@ -58,7 +58,8 @@ constexpr uint64_t kMaxSampleBytes = 2 * kMaxImageBytes;  // a key's members tog
 // extension the rest, in lower case ("a/b.c.JPG" -> "a/b", "c.jpg"; no dot: the extension is
 // empty). The one definition, for the reader, count_tar_samples and conveyor-prepare.
 void split_member(const std::string& path, std::string& key, std::string& extension);
-// The image sources' image member: "jpg" or "jpeg" (the first of them that a key has).
+// The image sources' image member: one of Field::kDefaultImageKeys ("jpg", "jpeg", "png",
+// "webp"), the first of them in tar order that a key has; decoded by its content.
 bool is_image_extension(std::string_view extension);
 
 // One member of a sample (SampleRule::kMembers).

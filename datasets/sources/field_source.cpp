@@ -191,7 +191,7 @@ FieldSource::WorkTime FieldSource::work_time() const {
 // ImageSource: a FieldSource of "image" and "label".
 
 ImageSource::ImageSource(std::unique_ptr<Kind> kind, ImageTransform transform)
-    : FieldSource(std::move(kind), {{"image", Field::image("jpg;jpeg", transform)},
+    : FieldSource(std::move(kind), {{"image", Field::image(Field::kDefaultImageKeys, transform)},
                                     {"label", Field::integer("cls")}}),
       transform_(transform) {}
 

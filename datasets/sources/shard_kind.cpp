@@ -44,8 +44,9 @@ struct IndexedEntry {
 // Shards read at random by their indexes: each sample is one ranged read of the span of the
 // members its fields use (members of a sample lie together in a tar), through the worker's own
 // StorageReader (its HTTP connections and read-ahead). The files are opened once and shared.
-// Under SampleRule::kImages (ImageSource) the members are the image ("jpg", the index's first jpg
-// or jpeg) and the index's label ("cls"); under kMembers those want() names.
+// Under SampleRule::kImages (ImageSource) the members are the image (as "jpg": the index's first
+// jpg, jpeg, png or webp, is_image_extension) and the index's label ("cls"); under kMembers those
+// want() names.
 class ShardKind final : public ImageSource::Kind {
  public:
   ShardKind(std::vector<ImageItem> items, std::vector<std::string> classes,
@@ -329,12 +330,12 @@ std::unique_ptr<ImageSource::Kind> random_access_kind(const std::vector<ShardLoc
         }
         if (s.size > kMaxImageBytes) {
           throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
-                                   ".jpg is " + std::to_string(s.size) +
-                                   " bytes, more than any JPEG this loader reads");
+                                   "'s image is " + std::to_string(s.size) +
+                                   " bytes, more than any image this loader reads");
         }
         if (s.size == 0 || s.offset > indexed.bytes || s.size > indexed.bytes - s.offset) {
           throw std::runtime_error("tar_shards: index " + indexes.location[i] + ": sample " + key +
-                                   ".jpg lies outside shard " + where);
+                                   "'s image lies outside shard " + where);
         }
         ranges.push_back({name_id("jpg"), s.offset, s.size});
         e.count = 1;

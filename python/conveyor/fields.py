@@ -78,11 +78,13 @@ def _max_bytes(value: Optional[int]) -> int:
 
 
 class Image(Field):
-    """An image member (JPEG), decoded and transformed on the workers into uint8 rows."""
+    """An image member (JPEG, PNG or WebP, each recognised by its content), decoded and transformed
+    on the workers into uint8 rows. The default keys are ``"jpg;jpeg;png;webp"`` (as OpenCLIP reads
+    shards): a sample's first member of those extensions."""
 
     kind = "image"
 
-    def __init__(self, keys: str = "jpg;jpeg", transform: Optional[Transform] = None) -> None:
+    def __init__(self, keys: str = _C.DEFAULT_IMAGE_KEYS, transform: Optional[Transform] = None) -> None:
         super().__init__(keys)
         from .datasets import _transform
         self.transform = _transform(transform)

@@ -35,6 +35,7 @@ std::unique_ptr<Source> field_source(std::unique_ptr<FieldSource> made) {
 }  // namespace
 
 void bind_fields(py::module_& m) {
+  m.attr("DEFAULT_IMAGE_KEYS") = Field::kDefaultImageKeys;
   py::class_<Field>(m, "Field")
       .def_static("image", &Field::image, py::arg("keys"), py::arg("transform"))
       .def_static("integer", &Field::integer, py::arg("keys"))

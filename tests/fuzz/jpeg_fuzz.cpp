@@ -14,13 +14,9 @@
 // one more, each with a config tail) and exits. tests/fuzz/conveyor-jpeg-fuzz.dict holds JPEG's
 // marker tokens, and tests/fuzz/corpus/conveyor-jpeg-fuzz/ what long runs found (fuzz_test.sh).
 
-#include <fuzzer/FuzzedDataProvider.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
@@ -35,50 +31,22 @@
 #include "conveyor/datasets.h"
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
+#include "image_fuzz.h"
+
+namespace conveyor::fuzz {
+
+const char* const kTarget = "conveyor-jpeg-fuzz";
+const size_t kConfigBytes = 24;
+const char* const kSeedSuffix = ".jpg";
 
 namespace {
 
-using conveyor::DecodedImage;
-using conveyor::DecodeLimits;
-using conveyor::DecodeOptions;
-using conveyor::ImageTransform;
-using conveyor::ImageWriter;
-using conveyor::JpegDecoder;
-using conveyor::JpegHeader;
-
-constexpr size_t kConfigBytes = 24;
 constexpr size_t kMaxCached = 32;  // writers kept alive at once (each holds scratch buffers)
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "conveyor-jpeg-fuzz: broken guarantee: %s\n", what);
-    std::abort();
-  }
-}
-
-// Reads every byte of a decoded image (so that ASan sees an out-of-bounds result) and checks
-// what jpeg.h promises about it.
+// image_fuzz.h's touch, and JPEG's own promise: a SIMD scale unless any scale is allowed.
 void touch(const DecodedImage& image, const DecodeOptions& options) {
-  check(image.pixels != nullptr, "pixels != nullptr");
-  check(image.width >= 1 && image.height >= 1, "a non-empty region");
-  check(image.channels == options.channels, "channels as asked");
-  check(image.stride >= static_cast<size_t>(image.width) * image.channels, "stride >= row");
-  check(image.scale >= 1 && image.scale <= 8, "scale in 1..8");
+  fuzz::touch(image, options.channels);
   if (!options.any_scale) check((image.scale & (image.scale - 1)) == 0, "a SIMD scale");
-  unsigned sum = 0;
-  for (int r = 0; r < image.height; ++r) {
-    const uint8_t* row = image.pixels + static_cast<size_t>(r) * image.stride;
-    for (size_t i = 0; i < static_cast<size_t>(image.width) * image.channels; ++i) sum += row[i];
-  }
-  volatile unsigned sink = sum;
-  (void)sink;
-}
-
-uint64_t pick_limit(FuzzedDataProvider& cfg) {
-  const uint8_t v = cfg.ConsumeIntegral<uint8_t>();
-  if (v < 192) return DecodeLimits{}.max_pixels;
-  static constexpr uint64_t kSmall[] = {1, 64, 4096, 1u << 20};
-  return kSmall[v % 4];
 }
 
 JpegDecoder& decoder_for(const DecodeOptions& o, uint64_t max_pixels) {
@@ -183,7 +151,9 @@ void run_writer(FuzzedDataProvider& cfg, const uint8_t* jpeg, size_t size) {
 }
 
 // The seed corpus: small files of every kind encode_jpeg writes.
-int write_seeds(const char* dir) {
+}  // namespace
+
+std::vector<std::vector<uint8_t>> seed_files() {
   using Color = conveyor::EncodeOptions::Color;
   struct Seed {
     int w, h;
@@ -241,7 +211,7 @@ int write_seeds(const char* dir) {
       if (!conveyor::detail::add_segment_index(file.data(), file.size(), indexed)) {
         std::fprintf(stderr, "conveyor-jpeg-fuzz: seed %zu cannot take a segment index\n",
                      files.size());
-        return 1;
+        std::abort();
       }
       file = std::move(indexed);
     }
@@ -252,49 +222,16 @@ int write_seeds(const char* dir) {
   for (int scans : {max_scans, max_scans + 1}) {
     files.push_back(conveyor::testing::progressive_jpeg_with_scans(24, 16, scans));
   }
-  uint64_t state = 12345;
-  int n = 0;
-  for (std::vector<uint8_t>& file : files) {
-    for (size_t i = 0; i < kConfigBytes; ++i) {
-      state = conveyor::splitmix64(state);
-      file.push_back(static_cast<uint8_t>(state));
-    }
-    const std::string path = std::string(dir) + "/seed-" + std::to_string(n++) + ".jpg";
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr || std::fwrite(file.data(), 1, file.size(), f) != file.size() ||
-        std::fclose(f) != 0) {
-      std::perror(path.c_str());
-      return 1;
-    }
-  }
-  std::printf("conveyor-jpeg-fuzz: wrote %d seeds to %s\n", n, dir);
-  return 0;
+  return files;
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  if (*argc >= 3 && std::strcmp((*argv)[1], "--write-seeds") == 0) {
-    std::exit(write_seeds((*argv)[2]));
-  }
-  return 0;
-}
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < kConfigBytes) return 0;
-  const size_t jpeg_size = size - kConfigBytes;
-  FuzzedDataProvider cfg(data + jpeg_size, kConfigBytes);
-  // The JPEG in a buffer of its own size, so that ASan sees a read past its end.
-  const std::vector<uint8_t> jpeg(data, data + jpeg_size);
+void run_one(FuzzedDataProvider& cfg, const uint8_t* jpeg, size_t size) {
   const int entry = cfg.ConsumeIntegralInRange<int>(0, 3);
-  try {
-    if (entry == 0) {
-      run_writer(cfg, jpeg.data(), jpeg.size());
-    } else {
-      run_decoder(cfg, entry, jpeg.data(), jpeg.size());
-    }
-  } catch (const conveyor::JpegError&) {
-  } catch (const std::runtime_error&) {
+  if (entry == 0) {
+    run_writer(cfg, jpeg, size);
+  } else {
+    run_decoder(cfg, entry, jpeg, size);
   }
-  return 0;
 }
+
+}  // namespace conveyor::fuzz

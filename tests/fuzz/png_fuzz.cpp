@@ -14,49 +14,25 @@
 // huge image), each with a config tail, and exits. tests/fuzz/conveyor-png-fuzz.dict holds PNG's
 // chunk names.
 
-#include <fuzzer/FuzzedDataProvider.h>
-
 #include <cstddef>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
-#include <stdexcept>
-#include <string>
 #include <tuple>
 #include <vector>
 
 #include "../png_writer.h"
 #include "codec/image_codec.h"
 #include "conveyor/datasets.h"
-#include "conveyor/random.h"
+#include "image_fuzz.h"
+
+namespace conveyor::fuzz {
+
+const char* const kTarget = "conveyor-png-fuzz";
+const size_t kConfigBytes = 16;
+const char* const kSeedSuffix = ".png";
 
 namespace {
-
-using conveyor::DecodedImage;
-using conveyor::DecodeLimits;
-using conveyor::DecodeOptions;
-using conveyor::ImageTransform;
-using conveyor::ImageWriter;
-namespace detail = conveyor::detail;
-
-constexpr size_t kConfigBytes = 16;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::fprintf(stderr, "conveyor-png-fuzz: broken guarantee: %s\n", what);
-    std::abort();
-  }
-}
-
-uint64_t pick_limit(FuzzedDataProvider& cfg) {
-  const uint8_t v = cfg.ConsumeIntegral<uint8_t>();
-  if (v < 192) return DecodeLimits{}.max_pixels;
-  static constexpr uint64_t kSmall[] = {1, 64, 4096, 1u << 20};
-  return kSmall[v % 4];
-}
 
 void run_decoder(FuzzedDataProvider& cfg, const uint8_t* png, size_t size) {
   DecodeOptions o;
@@ -78,15 +54,7 @@ void run_decoder(FuzzedDataProvider& cfg, const uint8_t* png, size_t size) {
   const int h = 1 + static_cast<int>(static_cast<uint64_t>(bh) * (info.height - y) / 65536);
   const DecodedImage image = decoder->finish_region(x, y, w, h, w, h);
   check(image.width == w && image.height == h, "the region asked for");
-  check(image.channels == o.channels, "channels as asked");
-  check(image.stride >= static_cast<size_t>(image.width) * image.channels, "stride >= row");
-  unsigned sum = 0;  // every byte read, so that ASan sees an out-of-bounds result
-  for (int r = 0; r < image.height; ++r) {
-    const uint8_t* row = image.pixels + static_cast<size_t>(r) * image.stride;
-    for (size_t i = 0; i < static_cast<size_t>(image.width) * image.channels; ++i) sum += row[i];
-  }
-  volatile unsigned sink = sum;
-  (void)sink;
+  touch(image, o.channels);
 }
 
 void run_writer(FuzzedDataProvider& cfg, const uint8_t* png, size_t size) {
@@ -108,7 +76,9 @@ void run_writer(FuzzedDataProvider& cfg, const uint8_t* png, size_t size) {
   writer->write(png, size, ctx, out.data());
 }
 
-int write_seeds(const char* dir) {
+}  // namespace
+
+std::vector<std::vector<uint8_t>> seed_files() {
   using conveyor::testing::PngSpec;
   std::vector<std::vector<uint8_t>> files;
   uint64_t seed = 1;
@@ -123,47 +93,15 @@ int write_seeds(const char* dir) {
     }
   }
   files.push_back(conveyor::testing::png_declaring(100000, 100000));
-  uint64_t state = 54321;
-  int n = 0;
-  for (std::vector<uint8_t>& file : files) {
-    for (size_t i = 0; i < kConfigBytes; ++i) {
-      state = conveyor::splitmix64(state);
-      file.push_back(static_cast<uint8_t>(state));
-    }
-    const std::string path = std::string(dir) + "/seed-" + std::to_string(n++) + ".png";
-    FILE* f = std::fopen(path.c_str(), "wb");
-    if (f == nullptr || std::fwrite(file.data(), 1, file.size(), f) != file.size() ||
-        std::fclose(f) != 0) {
-      std::perror(path.c_str());
-      return 1;
-    }
-  }
-  std::printf("conveyor-png-fuzz: wrote %d seeds to %s\n", n, dir);
-  return 0;
+  return files;
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerInitialize(int* argc, char*** argv) {
-  if (*argc >= 3 && std::strcmp((*argv)[1], "--write-seeds") == 0) {
-    std::exit(write_seeds((*argv)[2]));
+void run_one(FuzzedDataProvider& cfg, const uint8_t* png, size_t size) {
+  if (cfg.ConsumeBool()) {
+    run_writer(cfg, png, size);
+  } else {
+    run_decoder(cfg, png, size);
   }
-  return 0;
 }
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < kConfigBytes) return 0;
-  const size_t png_size = size - kConfigBytes;
-  FuzzedDataProvider cfg(data + png_size, kConfigBytes);
-  // The PNG in a buffer of its own size, so that ASan sees a read past its end.
-  const std::vector<uint8_t> png(data, data + png_size);
-  try {
-    if (cfg.ConsumeBool()) {
-      run_writer(cfg, png.data(), png.size());
-    } else {
-      run_decoder(cfg, png.data(), png.size());
-    }
-  } catch (const std::runtime_error&) {
-  }
-  return 0;
-}
+}  // namespace conveyor::fuzz

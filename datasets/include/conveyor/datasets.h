@@ -126,7 +126,8 @@ class ImageSource : public FieldSource {
                                                  ImageTransform transform,
                                                  const ShardOptions& options = ShardOptions());
 
-  // The fields are FieldSource's "image" (Field::image("jpg;jpeg", transform)) and "label"
+  // The fields are FieldSource's "image" (Field::image(Field::kDefaultImageKeys, transform):
+  // a shard sample's .jpg, .jpeg, .png or .webp member) and "label"
   // (Field::integer("cls"): the class, the index's label, or the shard's .cls member), so
   // write_sample(), read_encoded() (GPU decode), describe(), scale_histogram() and work_time() are
   // FieldSource's.

@@ -80,6 +80,10 @@ struct Field {
   bool multi_hot = false;      // kArray, 1-d: the member lists indices
   size_t max_bytes = 0;        // ragged kinds: per sample; 0: kDefaultMaxBytes
 
+  // An image field's keys when none are given (ImageSource's "image", Python's conveyor.Image):
+  // the members OpenCLIP reads, each decoded by its content (a PNG named .jpg is a PNG).
+  static constexpr const char* kDefaultImageKeys = "jpg;jpeg;png;webp";
+
   static Field image(std::string keys, ImageTransform transform);
   static Field integer(std::string keys);
   static Field floating(std::string keys);
