@@ -108,7 +108,7 @@ def _fields(keys=("pos", "pal", "gray")):
     return {"pos": conveyor.Mask(keys[0], follows="image", dtype=torch.int32),
             "pal": conveyor.Mask(keys[1]),
             "gray": conveyor.Mask(keys[2], follows="image"),
-            "image": conveyor.Image("image", transform=conveyor.RandomResizedCrop(S))}
+            "image": conveyor.Image("image", transform=conveyor.RandomResizedCrop(S, flip=True))}
 
 
 def test_manifest_masks_follow_the_image_pixel_for_pixel(pairs):
@@ -140,7 +140,7 @@ def test_shard_masks_jpg_and_seg_png(tmp_path):
             sink.write({"__key__": f"{i:06d}", "jpg": _ramp_jpeg(w, h), "seg.png": m["pos"],
                         "pal.png": m["pal"], "gray.png": m["gray"], "cls": str(i)})
     fields = _fields(("seg.png", "pal.png", "gray.png"))
-    fields["image"] = conveyor.Image("jpg", transform=conveyor.RandomResizedCrop(S))
+    fields["image"] = conveyor.Image("jpg", transform=conveyor.RandomResizedCrop(S, flip=True))
     fields["label"] = conveyor.Int("cls")
     data = conveyor.tar_shards(str(tmp_path / "seg-{000000..000002}.tar"), fields=fields,
                                streaming=True, shuffle_buffer=4)
@@ -159,13 +159,13 @@ def test_a_mask_of_another_size_names_the_field_and_both_sizes(tmp_path):
     (tmp_path / "b.png").write_bytes(_masks(50, 40)["pos"])
     (tmp_path / "m.csv").write_text("image,mask,wide\na.jpg,a.png,b.png\n")
     data = conveyor.Manifest(tmp_path / "m.csv", fields={
-        "image": conveyor.Image("image", transform=conveyor.RandomResizedCrop(S)),
+        "image": conveyor.Image("image", transform=conveyor.RandomResizedCrop(S, flip=True)),
         "mask": conveyor.Mask("mask")})
     with pytest.raises(conveyor.SampleError, match=r'field "mask": the mask is 50x41 and its '
                        r'image \(field "image"\) is 50x40'):
         next(iter(conveyor.DataLoader(data, batch_size=1)))
     data = conveyor.Manifest(tmp_path / "m.csv", fields={
-        "image": conveyor.Image("image", transform=conveyor.RandomResizedCrop(S)),
+        "image": conveyor.Image("image", transform=conveyor.RandomResizedCrop(S, flip=True)),
         "mask": conveyor.Mask("wide")})
     with pytest.raises(conveyor.SampleError, match="a 16-bit mask needs dtype int32"):
         next(iter(conveyor.DataLoader(data, batch_size=1)))
