@@ -154,6 +154,10 @@ inline void filtered_rows(const PngFile& f, int x0, int y0, int dx, int dy,
 
 }  // namespace png_detail
 
+namespace png_detail {
+inline void encode(PngFile& f, std::mt19937_64& rng);
+}  // namespace png_detail
+
 // A PNG of `spec` with random samples drawn from `seed` (smooth gradients plus noise, so that
 // crops and resizes see structure; the full range of values at every depth).
 inline PngFile make_png(const PngSpec& spec, uint64_t seed) {
@@ -174,6 +178,29 @@ inline PngFile make_png(const PngSpec& spec, uint64_t seed) {
       }
     }
   }
+  png_detail::encode(f, rng);
+  return f;
+}
+
+// The file of `spec` holding `samples` (height x width x channels, each below 2^bit_depth); a
+// palette's colours and a tRNS chunk, where asked, drawn from a fixed seed.
+inline std::vector<uint8_t> png_of_samples(const PngSpec& spec,
+                                           const std::vector<uint16_t>& samples) {
+  PngFile f;
+  f.spec = spec;
+  f.samples = samples;
+  std::mt19937_64 rng(0);
+  png_detail::encode(f, rng);
+  return f.bytes;
+}
+
+namespace png_detail {
+
+// f.samples -> f.bytes (and f.palette), drawing the palette and tRNS from `rng`.
+inline void encode(PngFile& f, std::mt19937_64& rng) {
+  const PngSpec& spec = f.spec;
+  const int channels = png_channels(spec.color_type);
+  const uint32_t top = (1u << spec.bit_depth) - 1;
   std::vector<uint8_t> ihdr;
   put32(ihdr, static_cast<uint32_t>(spec.width));
   put32(ihdr, static_cast<uint32_t>(spec.height));
@@ -224,8 +251,9 @@ inline PngFile make_png(const PngSpec& spec, uint64_t seed) {
   if (half < idat.size())
     chunk(f.bytes, "IDAT", std::vector<uint8_t>(idat.begin() + half, idat.end()));
   chunk(f.bytes, "IEND", {});
-  return f;
 }
+
+}  // namespace png_detail
 
 // A PNG whose IHDR declares width x height with almost no data behind it (a decompression bomb's
 // header): a 1x1 gray image's file with its IHDR rewritten (CRC included).

@@ -125,4 +125,8 @@ std::string pixel_limit_exceeded(uint64_t width, uint64_t height, const DecodeLi
          " pixels exceeds the limit of " + std::to_string(limits.max_pixels);
 }
 
+SampleRegion ImageDecoder::finish_samples(int, int, int, int) {
+  throw ImageDecodeError("this format has no samples mode: a mask is a gray or palette PNG");
+}
+
 }  // namespace conveyor::detail

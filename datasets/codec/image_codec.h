@@ -57,6 +57,17 @@ struct ImageInfo {
   int orientation = 1;
 };
 
+// A decoded region's samples (ImageDecoder::finish_samples): `height` rows of `width` samples,
+// `stride` bytes apart, each one byte (bit_depth 1 to 8, unpacked) or a host-endian uint16
+// (bit_depth 16). Valid until the next call on the same decoder.
+struct SampleRegion {
+  const uint8_t* samples = nullptr;
+  int width = 0;
+  int height = 0;
+  size_t stride = 0;
+  int bit_depth = 8;
+};
+
 // One format's decoder, made by its table row for one thread and reused across images (not
 // thread-safe).
 class ImageDecoder {
@@ -75,6 +86,11 @@ class ImageDecoder {
   // JPEG. Throws on corrupt or truncated data, never returns a partly decoded region.
   virtual DecodedImage finish_region(int x, int y, int width, int height, int min_width,
                                      int min_height) = 0;
+  // Instead of finish_region(): the stored region's samples as they are in the file, one channel,
+  // no colour conversion, no scaling (for masks): a gray image's values, a palette image's
+  // indices (tRNS and the palette's colours ignored). Throws ImageDecodeError for an image of
+  // more than one channel, naming its kind; the default throws it for any format without the mode.
+  virtual SampleRegion finish_samples(int x, int y, int width, int height);
 };
 
 // One row of the codec table.

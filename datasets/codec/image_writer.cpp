@@ -18,6 +18,7 @@
 
 #include "codec/image_codec.h"
 #include "conveyor/datasets.h"
+#include "conveyor/image_plan.h"
 #include "conveyor/internal/trace.h"
 #include "conveyor/random.h"
 
@@ -41,51 +42,8 @@ ImageTransform ImageTransform::eval(int size, int resize) {
 
 CropBox choose_crop(const ImageTransform& transform, int width, int height, uint64_t seed,
                     uint64_t epoch, size_t index) {
-  SampleRng rng(seed, epoch, index);
-  CropBox box{0, 0, width, height, false};
-  switch (transform.mode) {
-    case ImageTransform::Mode::kRandomResizedCrop: {
-      const double area = static_cast<double>(width) * height;
-      const double log_r0 = std::log(transform.ratio_min);
-      const double log_r1 = std::log(transform.ratio_max);
-      bool found = false;
-      for (int attempt = 0; attempt < 10 && !found; ++attempt) {
-        double target = area * rng.uniform(transform.scale_min, transform.scale_max);
-        double aspect = std::exp(rng.uniform(log_r0, log_r1));
-        int w = static_cast<int>(std::nearbyint(std::sqrt(target * aspect)));
-        int h = static_cast<int>(std::nearbyint(std::sqrt(target / aspect)));
-        if (w > 0 && h > 0 && w <= width && h <= height) {
-          box = {rng.randint(0, width - w + 1), rng.randint(0, height - h + 1), w, h, false};
-          found = true;
-        }
-      }
-      if (!found) {  // torchvision's fallback: the central crop of the clamped aspect ratio
-        double in_ratio = static_cast<double>(width) / height;
-        int w = width, h = height;
-        if (in_ratio < transform.ratio_min) {
-          h = static_cast<int>(std::nearbyint(w / transform.ratio_min));
-        } else if (in_ratio > transform.ratio_max) {
-          w = static_cast<int>(std::nearbyint(h * transform.ratio_max));
-        }
-        box = {(width - w) / 2, (height - h) / 2, w, h, false};
-      }
-      break;
-    }
-    case ImageTransform::Mode::kResizeCenterCrop: {
-      // The crop of size x size in an image whose shorter side was resized to `resize`.
-      double factor = static_cast<double>(transform.resize) / std::min(width, height);
-      int side_w = std::min(width, static_cast<int>(std::nearbyint(transform.size / factor)));
-      int side_h = std::min(height, static_cast<int>(std::nearbyint(transform.size / factor)));
-      side_w = std::max(side_w, 1);
-      side_h = std::max(side_h, 1);
-      box = {(width - side_w) / 2, (height - side_h) / 2, side_w, side_h, false};
-      break;
-    }
-    case ImageTransform::Mode::kResize:
-      break;
-  }
-  box.flip = transform.flip_probability > 0.0 && rng.uniform(0.0, 1.0) < transform.flip_probability;
-  return box;
+  const ViewPlan v = plan_image(transform, width, height, seed, epoch, index).views.front();
+  return {v.x, v.y, v.width, v.height, v.flip};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -171,6 +129,7 @@ struct ImageWriter::State {
   std::vector<uint8_t> mirrored;  // size x size RGBX scratch for the flip, reused
   cv::Mat rotated;                // size x size RGBX scratch for EXIF rotations, reused
   int last_scale = 8;
+  ImagePlan last_plan;  // the plan the last write executed
   ImageWriter::Timing last_timing;
   explicit State(ImageTransform t) : transform(t) {
     const size_t bytes = static_cast<size_t>(t.size) * static_cast<size_t>(t.size) * 4;
@@ -205,6 +164,7 @@ ImageWriter& ImageWriter::operator=(ImageWriter&&) noexcept = default;
 const ImageTransform& ImageWriter::transform() const { return state_->transform; }
 int ImageWriter::last_scale() const { return state_->last_scale; }
 ImageWriter::Timing ImageWriter::last_timing() const { return state_->last_timing; }
+const ImagePlan& ImageWriter::last_plan() const { return state_->last_plan; }
 
 void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& ctx,
                         std::byte* out) {
@@ -217,7 +177,9 @@ void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& 
   const bool swapped = header.orientation >= 5;  // displayed with width and height exchanged
   const int width = swapped ? header.height : header.width;
   const int height = swapped ? header.width : header.height;
-  const CropBox box = choose_crop(s.transform, width, height, ctx.seed, ctx.epoch, ctx.index);
+  s.last_plan = plan_image(s.transform, width, height, ctx.seed, ctx.epoch, ctx.index);
+  const ViewPlan& view = s.last_plan.views.front();
+  const CropBox box{view.x, view.y, view.width, view.height, view.flip};
   const CropBox src_box = stored_box(box, header.orientation, width, height);
   const DecodedImage image =
       decoder.finish_region(src_box.x, src_box.y, src_box.width, src_box.height, side, side);

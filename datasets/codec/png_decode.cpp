@@ -88,6 +88,80 @@ class PngDecoder final : public ImageDecoder {
     return info;
   }
 
+  SampleRegion finish_samples(int x, int y, int width, int height) override {
+    if (!ctx_) throw std::logic_error("PngDecoder::finish_samples without begin");
+    std::unique_ptr<spng_ctx, SpngFree> ctx = std::move(ctx_);  // freed however this returns
+    if (ihdr_.color_type != SPNG_COLOR_TYPE_GRAYSCALE &&
+        ihdr_.color_type != SPNG_COLOR_TYPE_INDEXED) {
+      throw ImageDecodeError(std::string("PNG of one channel wanted (gray or palette), not ") +
+                             (ihdr_.color_type == SPNG_COLOR_TYPE_TRUECOLOR ? "RGB"
+                              : ihdr_.color_type == SPNG_COLOR_TYPE_TRUECOLOR_ALPHA
+                                  ? "RGBA"
+                                  : "gray + alpha"));
+    }
+    const int full_w = static_cast<int>(ihdr_.width);
+    const int full_h = static_cast<int>(ihdr_.height);
+    x = std::clamp(x, 0, full_w - 1);
+    y = std::clamp(y, 0, full_h - 1);
+    width = std::clamp(width, 1, full_w - x);
+    height = std::clamp(height, 1, full_h - y);
+    const int depth = ihdr_.bit_depth;
+    const size_t out_sample = depth == 16 ? 2 : 1;
+    SampleRegion region;
+    region.width = width;
+    region.height = height;
+    region.bit_depth = depth;
+    region.stride = static_cast<size_t>(width) * out_sample;
+    if (region_.size() < region.stride * static_cast<size_t>(height)) {
+      region_.resize(region.stride * static_cast<size_t>(height));
+    }
+    // The file's own rows (SPNG_FMT_RAW: packed below 8 bits, big-endian at 16), unpacked here.
+    size_t packed_row = 0;
+    auto unpack = [&](const uint8_t* packed, int r) {
+      uint8_t* to = region_.data() + static_cast<size_t>(r - y) * region.stride;
+      for (int i = 0; i < width; ++i) {
+        const size_t at = static_cast<size_t>(x + i);
+        if (depth == 16) {
+          const uint16_t v = static_cast<uint16_t>(packed[2 * at] << 8 | packed[2 * at + 1]);
+          std::memcpy(to + 2 * static_cast<size_t>(i), &v, sizeof v);
+        } else if (depth == 8) {
+          to[i] = packed[at];
+        } else {
+          const size_t bit = at * static_cast<size_t>(depth);
+          const int shift = 8 - depth - static_cast<int>(bit % 8);
+          to[i] = static_cast<uint8_t>((packed[bit / 8] >> shift) & ((1 << depth) - 1));
+        }
+      }
+    };
+    check(spng_decoded_image_size(ctx.get(), SPNG_FMT_RAW, &packed_row), "sizing the image");
+    packed_row /= static_cast<size_t>(full_h);
+    if (ihdr_.interlace_method != SPNG_INTERLACE_NONE) {
+      const size_t size = packed_row * static_cast<size_t>(full_h);
+      if (whole_.size() < size) whole_.resize(size);
+      check(spng_decode_image(ctx.get(), whole_.data(), size, SPNG_FMT_RAW, 0),
+            "decoding the image");
+      verify_end(ctx.get());
+      for (int r = y; r < y + height; ++r) {
+        unpack(whole_.data() + static_cast<size_t>(r) * packed_row, r);
+      }
+    } else {
+      check(spng_decode_image(ctx.get(), nullptr, 0, SPNG_FMT_RAW, SPNG_DECODE_PROGRESSIVE),
+            "starting the decode");
+      if (scratch_.size() < packed_row) scratch_.resize(packed_row);
+      const int last = y + height - 1;
+      for (int r = 0; r <= last; ++r) {
+        const int status = spng_decode_row(ctx.get(), scratch_.data(), packed_row);
+        if (status != 0 && !(status == SPNG_EOI && r == full_h - 1)) {
+          fail("decoding row " + std::to_string(r) + " of " + std::to_string(full_h), status);
+        }
+        if (r >= y) unpack(scratch_.data(), r);
+      }
+      if (last == full_h - 1) verify_end(ctx.get());
+    }
+    region.samples = region_.data();
+    return region;
+  }
+
   DecodedImage finish_region(int x, int y, int width, int height, int, int) override {
     if (!ctx_) throw std::logic_error("PngDecoder::finish_region without begin");
     std::unique_ptr<spng_ctx, SpngFree> ctx = std::move(ctx_);  // freed however this returns

@@ -67,6 +67,13 @@ Field Field::json(std::string keys, size_t max_bytes) {
   return f;
 }
 
+Field Field::mask(std::string keys, std::string follows, c10::ScalarType dtype) {
+  Field f = make(Kind::kMask, std::move(keys));
+  f.follows = std::move(follows);
+  f.dtype = dtype;
+  return f;
+}
+
 std::vector<std::string> Field::key_list() const {
   std::vector<std::string> out;
   size_t begin = 0;
@@ -81,7 +88,7 @@ std::vector<std::string> Field::key_list() const {
   return out;
 }
 
-FieldSpec Field::spec(const std::string& name) const {
+FieldSpec Field::spec(const std::string& name, const Field* leader) const {
   const auto bad = [&](const std::string& why) {
     return std::invalid_argument(detail::field_label(name) + ": " + why);
   };
@@ -127,6 +134,20 @@ FieldSpec Field::spec(const std::string& name) const {
       }
       spec.sample_shape = shape;
       if (spec.item_bytes() > (size_t{1} << 30)) throw bad("a sample over 1 GiB");
+      return spec;
+    }
+    case Kind::kMask: {
+      if (follows.empty()) throw bad("a mask follows an image field: `follows` is empty");
+      if (dtype != c10::ScalarType::Byte && dtype != c10::ScalarType::Int) {
+        throw bad("a mask's dtype is uint8 or int32 (int32 for 16-bit masks)");
+      }
+      if (leader == nullptr || leader->kind != Kind::kImage) {
+        throw bad("follows \"" + detail::printable(follows) +
+                  "\", which is not an image field of the same source");
+      }
+      if (leader->transform.size <= 0) throw bad("the image's transform size must be positive");
+      spec.dtype = dtype;
+      spec.sample_shape = {leader->transform.size, leader->transform.size};
       return spec;
     }
     case Kind::kBytes:
@@ -186,6 +207,11 @@ void throw_unreadable(const std::string& name, const Member& member, const std::
                            member_kind(member) + ", not " + wanted);
 }
 
+void FieldWriter::write_following(const Member&, const SampleContext&, const ImagePlan&,
+                                  std::byte*) {
+  throw std::logic_error("conveyor: write_following() on a field writer that follows nothing");
+}
+
 std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Field& field,
                                                const FieldSpec& spec) {
   switch (field.kind) {
@@ -203,6 +229,8 @@ std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Fi
       return make_text_writer(name, spec);
     case Field::Kind::kJson:
       return make_json_writer(name, spec);
+    case Field::Kind::kMask:
+      return make_mask_writer(name, field, spec);
   }
   throw std::invalid_argument(field_label(name) + ": an unknown kind");
 }

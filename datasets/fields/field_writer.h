@@ -4,7 +4,8 @@
 // scratch). make_field_writer() is the one table from Field::Kind to its writer; each kind's
 // writer lives in its own file (image_field.cpp, scalar_fields.cpp, array_field.cpp,
 // text_fields.cpp). Adding a kind: its enumerator in conveyor/fields.h, its spec in field.cpp, its
-// writer file and its entry in the table.
+// writer file and its entry in the table. A kind that follows an image's geometry (a mask)
+// implements write_following(); FieldSource hands it its leader's published plan.
 //
 // Requires: write() gets a member the field's keys name, and `row` with spec.sample_bytes()
 // writable bytes (a RaggedRow for a ragged spec). Guarantees: write() fills the whole row (a
@@ -22,6 +23,7 @@
 
 #include "conveyor/datasets.h"
 #include "conveyor/fields.h"
+#include "conveyor/image_plan.h"
 #include "sources/sample_kind.h"
 
 namespace conveyor::detail {
@@ -37,6 +39,14 @@ class FieldWriter {
     int scale = 0;  // the DCT scale numerator used, 1..8; 0 when nothing was decoded
   };
   virtual Timing last_timing() const { return {}; }
+
+  // Geometry (conveyor/image_plan.h). A leader (an image) publishes the plan its last write()
+  // executed, for the fields that follow it in the same sample; null for every other kind.
+  virtual const ImagePlan* published_plan() const { return nullptr; }
+  // A follower (a mask; later boxes, points, the plan itself) is written with its leader's plan
+  // for the sample instead of write(). The default throws std::logic_error (not a follower).
+  virtual void write_following(const Member& member, const SampleContext& ctx,
+                               const ImagePlan& plan, std::byte* row);
 };
 
 // The writer of field `name` described by `field` (whose spec() is `spec`).
@@ -71,5 +81,7 @@ std::unique_ptr<FieldWriter> make_array_writer(const std::string& name, const Fi
 std::unique_ptr<FieldWriter> make_bytes_writer(const std::string& name, const FieldSpec& spec);
 std::unique_ptr<FieldWriter> make_text_writer(const std::string& name, const FieldSpec& spec);
 std::unique_ptr<FieldWriter> make_json_writer(const std::string& name, const FieldSpec& spec);
+std::unique_ptr<FieldWriter> make_mask_writer(const std::string& name, const Field& field,
+                                              const FieldSpec& spec);
 
 }  // namespace conveyor::detail

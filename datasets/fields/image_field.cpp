@@ -21,6 +21,8 @@ class ImageFieldWriter final : public FieldWriter {
     writer_.write(member.data, member.size, ctx, row);
   }
 
+  const ImagePlan* published_plan() const override { return &writer_.last_plan(); }
+
   Timing last_timing() const override {
     const ImageWriter::Timing t = writer_.last_timing();
     return {static_cast<uint64_t>(t.decode.count()), static_cast<uint64_t>(t.transform.count()),

@@ -70,8 +70,23 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
     if (!names.insert(name).second) {
       throw std::invalid_argument(detail::field_label(name) + " is named twice");
     }
-    specs_.push_back(field.spec(name));
+  }
+  for (const auto& [name, field] : fields_) {
+    std::optional<size_t> leader;
+    if (field.kind == Field::Kind::kMask) {
+      for (size_t l = 0; l < fields_.size(); ++l) {
+        if (fields_[l].first == field.follows) leader = l;
+      }
+    }
+    specs_.push_back(field.spec(name, leader ? &fields_[*leader].second : nullptr));
     keys_.push_back(field.key_list());
+    leader_of_.push_back(leader);
+  }
+  // Leaders (and fields that follow nothing) first, in the declared order; then the followers.
+  for (int followers = 0; followers < 2; ++followers) {
+    for (size_t f = 0; f < fields_.size(); ++f) {
+      if (leader_of_[f].has_value() == (followers == 1)) write_order_.push_back(f);
+    }
   }
   kind_->want(fields_);
 }
@@ -110,11 +125,21 @@ const detail::Member& FieldSource::member_of(const detail::SampleMembers& member
 
 void FieldSource::write_fields(Worker& w, const SampleContext& ctx, std::byte* const* rows,
                                std::optional<size_t> skip) {
-  for (size_t f = 0; f < fields_.size(); ++f) {
+  for (const size_t f : write_order_) {
     if (skip && *skip == f) continue;
     const detail::Member& member = member_of(w.members, f);
     const auto started = Clock::now();
-    w.writers[f]->write(member, ctx, rows[f]);
+    if (const std::optional<size_t> leader = leader_of_[f]) {
+      // The leader was written just before (write_order_), for this sample: its plan is this one.
+      const ImagePlan* plan = w.writers[*leader]->published_plan();
+      if (plan == nullptr || (skip && *skip == *leader)) {
+        throw std::logic_error("conveyor: " + detail::field_label(fields_[f].first) +
+                               " follows a field that published no plan");
+      }
+      w.writers[f]->write_following(member, ctx, *plan, rows[f]);
+    } else {
+      w.writers[f]->write(member, ctx, rows[f]);
+    }
     const detail::FieldWriter::Timing t = w.writers[f]->last_timing();
     if (t.scale > 0) {
       w.decode_ns.fetch_add(t.decode_ns, std::memory_order_relaxed);
@@ -142,6 +167,9 @@ void FieldSource::write_sample(const SampleContext& ctx, std::byte* const* field
 }
 
 std::optional<SampleSource::EncodedImageField> FieldSource::encoded_image_field() const {
+  for (const std::optional<size_t>& leader : leader_of_) {
+    if (leader) return std::nullopt;  // a follower needs its image's plan: the CPU decodes both
+  }
   for (size_t f = 0; f < fields_.size(); ++f) {
     if (fields_[f].second.kind == Field::Kind::kImage) {
       return EncodedImageField{f, fields_[f].second.transform};

@@ -50,7 +50,8 @@ class ManifestKind final : public FieldSource::Kind {
                          [&](const Column& w) { return w.index == c; }) != wanted_.end()) {
           continue;
         }
-        wanted_.push_back({c, key, field.kind == Field::Kind::kImage, 0});
+        wanted_.push_back(
+            {c, key, field.kind == Field::Kind::kImage || field.kind == Field::Kind::kMask, 0});
       }
     }
     size_t files = 0;

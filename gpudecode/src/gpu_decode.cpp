@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "conveyor/cuda.h"
+#include "conveyor/image_plan.h"
 #include "conveyor/internal/cuda_check.h"
 #include "conveyor/pinned.h"
 #include "crop_kernel.h"
@@ -334,11 +335,14 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
         result.to_cpu.push_back(i);  // the CPU path rejects (or reports) it with its own message
         continue;
       }
-      const CropBox box = choose_crop(t, static_cast<int>(width), static_cast<int>(height),
-                                      image.context.seed, image.context.epoch, image.context.index);
+      // The geometry is plan_image's (conveyor/image_plan.h), as on the CPU; plan_crop executes
+      // its one view.
+      const ViewPlan view = plan_image(t, static_cast<int>(width), static_cast<int>(height),
+                                       image.context.seed, image.context.epoch, image.context.index)
+                                .views.front();
       const CropPlan plan =
-          gpudecode::plan_crop(static_cast<int>(width), static_cast<int>(height), box.x, box.y,
-                               box.width, box.height, box.flip, t.size, t.dct_scales, hwc);
+          gpudecode::plan_crop(static_cast<int>(width), static_cast<int>(height), view.x, view.y,
+                               view.width, view.height, view.flip, t.size, t.dct_scales, hwc);
       // nvJPEG decodes whole MCUs around the plan's region; the kernel reads the plan's in it.
       const DecodedRegion region =
           gpudecode::decoded_region(plan, static_cast<int>(width), static_cast<int>(height));

@@ -120,6 +120,11 @@ class Image(Field):
     transform: Transform
     def __init__(self, keys: str = ..., transform: Optional[Transform] = ...) -> None: ...
 
+class Mask(Field):
+    follows: str
+    dtype: torch.dtype
+    def __init__(self, keys: str = ..., follows: str = ..., dtype: torch.dtype = ...) -> None: ...
+
 class Int(Field):
     def __init__(self, keys: str = ...) -> None: ...
 

@@ -21,6 +21,8 @@ column. A batch is a :class:`FieldBatch`, a dict keyed by field name:
 - ``Array``: [B, *shape] of ``dtype``; with a first dimension of -1 (or no shape: any shape,
   flattened) a ``torch.nested`` tensor of ``layout=torch.jagged`` on the loader's device;
   ``multi_hot=True`` makes a list of class indices a multi-hot row of ``shape=(classes,)``;
+- ``Mask``: a segmentation mask that follows an image field's crop, flip and size (nearest
+  neighbour, palette indices kept as class ids): uint8 [B,S,S], or int32 for 16-bit masks;
 - ``Text``: a ``list[str]``; ``Bytes``: a ``list[bytes]``; ``Json``: a ``list`` of parsed values.
 
 Ragged fields (text, bytes, JSON, arrays whose first dimension varies) hold at most ``max_bytes``
@@ -42,7 +44,7 @@ import torch
 from . import _C
 from .transforms import Transform
 
-__all__ = ["Field", "Image", "Int", "Float", "Array", "Bytes", "Text", "Json", "FieldBatch",
+__all__ = ["Field", "Image", "Mask", "Int", "Float", "Array", "Bytes", "Text", "Json", "FieldBatch",
            "Manifest"]
 
 # The dtypes an Array may have: torch's, by the name the engine reads.
@@ -94,6 +96,37 @@ class Image(Field):
 
     def __repr__(self) -> str:
         return f"conveyor.Image({self.keys!r}, transform={self.transform!r})"
+
+
+class Mask(Field):
+    """A segmentation mask that follows the image field ``follows``: a gray (8 or 16 bits) or
+    8-bit palette PNG of the image's size, read as its samples (a palette PNG's indices are the class
+    ids, never converted to colours), cut with the image's crop box, resized nearest-neighbour
+    (by pixel centres) to the image's output size and flipped with it. uint8 [B,S,S]
+    (``dtype=torch.uint8``, the default) or int32 (``dtype=torch.int32``, which a 16-bit mask
+    needs). A mask of another size than its image's, or of colours (RGB), is the sample's error
+    naming the field and both sizes. Samples with a mask are decoded on the CPU (under
+    ``gpu_decode`` too), where the image's plan is handed to the mask."""
+
+    kind = "mask"
+
+    def __init__(self, keys: str = "png", follows: str = "image",
+                 dtype: torch.dtype = torch.uint8) -> None:
+        super().__init__(keys)
+        if not isinstance(follows, str) or not follows:
+            raise ValueError(f"conveyor: Mask follows an image field, named by a non-empty str, "
+                             f"not {follows!r}")
+        if dtype not in (torch.uint8, torch.int32):
+            raise ValueError(f"conveyor: Mask dtype must be torch.uint8 or torch.int32, "
+                             f"not {dtype!r}")
+        self.follows = follows
+        self.dtype = dtype
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.mask(self.keys, self.follows, _DTYPES[self.dtype])
+
+    def __repr__(self) -> str:
+        return f"conveyor.Mask({self.keys!r}, follows={self.follows!r}, dtype={self.dtype!r})"
 
 
 class Int(Field):
@@ -194,14 +227,14 @@ def _cpp_fields(fields: Mapping[str, Field]) -> List[Tuple[str, "_C.Field"]]:
     """The fields for the engine, in the dict's order; checks names and kinds."""
     if not isinstance(fields, Mapping) or not fields:
         raise ValueError("conveyor: fields must be a non-empty dict of name -> conveyor field "
-                         "(conveyor.Image, Text, Json, Int, Float, Array, Bytes)")
+                         "(conveyor.Image, Mask, Text, Json, Int, Float, Array, Bytes)")
     out = []
     for name, field in fields.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"conveyor: a field's name must be a non-empty str, not {name!r}")
         if not isinstance(field, Field):
             raise ValueError(f"conveyor: field {name!r} must be a conveyor field "
-                             f"(conveyor.Image, Text, Json, Int, Float, Array, Bytes), "
+                             f"(conveyor.Image, Mask, Text, Json, Int, Float, Array, Bytes), "
                              f"not {type(field).__name__}")
         out.append((name, field._cpp()))
     return out

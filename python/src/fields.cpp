@@ -53,7 +53,13 @@ void bind_fields(py::module_& m) {
           py::arg("max_bytes"))
       .def_static("bytes", &Field::bytes, py::arg("keys"), py::arg("max_bytes"))
       .def_static("text", &Field::text, py::arg("keys"), py::arg("max_bytes"))
-      .def_static("json", &Field::json, py::arg("keys"), py::arg("max_bytes"));
+      .def_static("json", &Field::json, py::arg("keys"), py::arg("max_bytes"))
+      .def_static(
+          "mask",
+          [](std::string keys, std::string follows, const std::string& dtype) {
+            return Field::mask(std::move(keys), std::move(follows), dtype_named(dtype));
+          },
+          py::arg("keys"), py::arg("follows"), py::arg("dtype"));
 
   m.def(
       "manifest",

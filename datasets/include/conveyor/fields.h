@@ -25,12 +25,20 @@
 //   bytes    the member's bytes as they are (ragged uint8, host_only);
 //   text     UTF-8 text (checked), ragged uint8, host_only; a JSON cell's string is unquoted;
 //   json     a JSON value (checked: well formed, nested at most kMaxJsonDepth), its text as
-//            ragged uint8, host_only.
+//            ragged uint8, host_only;
+//   mask     a segmentation mask that follows an image field (`follows`): a gray (8 or 16 bits)
+//            or 8-bit palette PNG of the image's upright size, read as its samples (a palette's
+//            indices are the class ids, never colours), cut with the image's crop box, resized
+//            nearest-neighbour to the image's output size and flipped with it: [S,S] of dtype
+//            uint8 (the default) or int32 (needed for a 16-bit mask). See conveyor/image_plan.h.
 // A ragged field (bytes, text, json, an array with a varying first dimension) holds at most
 // `max_bytes` bytes per sample (0: the kind's default, kDefaultMaxBytes); the batch slots are
 // sized from it once, so memory is bounded whatever the data.
 //
-// Requires: field names unique and non-empty, 1 to 16 fields. Guarantees: a sample that lacks a
+// Requires: field names unique and non-empty, 1 to 16 fields; a mask's `follows` names an image
+// field of the same source (std::invalid_argument otherwise). A field that follows an image is
+// written after it, whatever the declared order, from the plan the image's writer published for
+// the sample (conveyor/image_plan.h). Guarantees: a sample that lacks a
 // field's member, or whose member does not fit the field (not decimal text, not UTF-8, malformed
 // JSON, an .npy of another dtype or shape or of dtype object (a pickle: never unpickled), more
 // than max_bytes), throws a std::runtime_error naming the sample (its shard and key, or its
@@ -63,7 +71,7 @@ struct SampleMembers;
 
 // One field of a sample: its kind, where it comes from, and its shape in the batch.
 struct Field {
-  enum class Kind { kImage, kInteger, kFloating, kArray, kBytes, kText, kJson };
+  enum class Kind { kImage, kInteger, kFloating, kArray, kBytes, kText, kJson, kMask };
   // The default max_bytes of a ragged field (bytes, text, json, a ragged array): 64 KiB.
   static constexpr size_t kDefaultMaxBytes = size_t{1} << 16;
   // The deepest nesting of a json field's arrays and objects.
@@ -75,7 +83,8 @@ struct Field {
   // column's name.
   std::string keys;
   ImageTransform transform;                        // kImage
-  c10::ScalarType dtype = c10::ScalarType::Float;  // kArray: the element type
+  c10::ScalarType dtype = c10::ScalarType::Float;  // kArray, kMask: the element type
+  std::string follows;         // kMask: the name of the image field whose geometry it follows
   std::vector<int64_t> shape;  // kArray: the sample's shape; [0] may be -1 (ragged)
   bool multi_hot = false;      // kArray, 1-d: the member lists indices
   size_t max_bytes = 0;        // ragged kinds: per sample; 0: kDefaultMaxBytes
@@ -94,12 +103,16 @@ struct Field {
   static Field bytes(std::string keys, size_t max_bytes = 0);
   static Field text(std::string keys, size_t max_bytes = 0);
   static Field json(std::string keys, size_t max_bytes = 0);
+  // A mask that follows image field `follows`; dtype uint8 (Byte) or int32 (Int).
+  static Field mask(std::string keys, std::string follows = "image",
+                    c10::ScalarType dtype = c10::ScalarType::Byte);
 
   // The batch's layout of this field, named `name`. Throws std::invalid_argument naming the
   // field for a description that cannot be laid out (no keys, a shape with a zero or negative
   // dimension other than a leading -1, multi_hot on a shape that is not 1-d, max_bytes smaller
-  // than one item).
-  FieldSpec spec(const std::string& name) const;
+  // than one item). A mask's shape is its image's: spec() takes that image field (`leader`),
+  // and throws for a mask without one, or with a leader that is not an image.
+  FieldSpec spec(const std::string& name, const Field* leader = nullptr) const;
   // The extensions (or the column) `keys` names, in order.
   std::vector<std::string> key_list() const;
 };
@@ -219,6 +232,8 @@ class FieldSource : public SampleSource {
   std::string describe(size_t index) const override;
   void will_write(size_t worker, const size_t* indices, size_t count) override;
   // The first image field, when it has one, for GPU decode (SampleSource::encoded_image_field).
+  // None when a field follows an image (a mask): such samples are decoded on the CPU, where the
+  // image's plan is published to its followers.
   std::optional<EncodedImageField> encoded_image_field() const override;
   Encoded read_encoded(const SampleContext& ctx, std::vector<uint8_t>& buffer,
                        std::byte* const* fields) override;
@@ -255,7 +270,9 @@ class FieldSource : public SampleSource {
   std::unique_ptr<Kind> kind_;
   Fields fields_;
   std::vector<FieldSpec> specs_;
-  std::vector<std::vector<std::string>> keys_;  // per field: Field::key_list()
+  std::vector<std::vector<std::string>> keys_;    // per field: Field::key_list()
+  std::vector<std::optional<size_t>> leader_of_;  // per field: the image field it follows
+  std::vector<size_t> write_order_;               // leaders before the fields that follow them
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 

@@ -1,8 +1,8 @@
 // conveyor/random.h: the deterministic random stream behind samplers and augmentations.
 //
 // SampleRng is a small splitmix64 generator whose stream is a pure function of (seed, epoch,
-// index), so an augmentation or a permutation does not depend on which worker runs it or when.
-// Guarantees: the same stream on every platform (no std:: distributions involved).
+// index[, view]), so an augmentation or a permutation does not depend on which worker runs it or
+// when. Guarantees: the same stream on every platform (no std:: distributions involved).
 #pragma once
 
 #include <cstddef>
@@ -21,6 +21,12 @@ class SampleRng {
  public:
   SampleRng(uint64_t seed, uint64_t epoch, size_t index)
       : state_(splitmix64(splitmix64(splitmix64(seed) ^ epoch) ^ static_cast<uint64_t>(index))) {}
+  // View `view` of the sample (conveyor/image_plan.h): view 0 is the stream above, exactly; each
+  // other view's stream starts from that state mixed with the view's number.
+  SampleRng(uint64_t seed, uint64_t epoch, size_t index, uint64_t view)
+      : SampleRng(seed, epoch, index) {
+    if (view != 0) state_ = splitmix64(state_ ^ splitmix64(view));
+  }
   uint64_t next() {
     state_ += 0x9E3779B97F4A7C15ull;
     return splitmix64(state_);

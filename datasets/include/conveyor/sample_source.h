@@ -181,6 +181,8 @@ class SampleSource {
                                std::byte* const* fields);
 };
 
+struct ImagePlan;  // conveyor/image_plan.h
+
 // A crop box in source pixels.
 struct CropBox {
   int x = 0, y = 0, width = 0, height = 0;
@@ -189,6 +191,7 @@ struct CropBox {
 
 // The crop and flip that `transform` applies to sample `index` of an image of width x height in
 // (seed, epoch): torchvision's RandomResizedCrop rules (10 tries, then the center-crop fallback).
+// The box of plan_image()'s first view (conveyor/image_plan.h), which is where it is defined.
 CropBox choose_crop(const ImageTransform& transform, int width, int height, uint64_t seed,
                     uint64_t epoch, size_t index);
 
@@ -208,6 +211,10 @@ class ImageWriter {
   const ImageTransform& transform() const;
   // The DCT scale numerator (of 8) used by the last write, for statistics.
   int last_scale() const;
+  // The plan the last write executed (plan_image() of the transform, the image's upright size and
+  // the sample's context), which the fields that follow the image read. Empty before any write;
+  // after a write that threw, the plan of that sample if its header was read.
+  const ImagePlan& last_plan() const;
   // Where the last write's time went, for statistics: the decode of the crop (for a JPEG: header,
   // entropy decoding, IDCT, color conversion), and the rest (resize, EXIF rotation, flip, layout).
   struct Timing {
