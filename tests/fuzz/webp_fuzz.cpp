@@ -30,51 +30,7 @@ const char* const kTarget = "conveyor-webp-fuzz";
 const size_t kConfigBytes = 16;
 const char* const kSeedSuffix = ".webp";
 
-namespace {
 
-void run_decoder(FuzzedDataProvider& cfg, const uint8_t* webp, size_t size) {
-  DecodeOptions o;
-  o.channels = cfg.ConsumeBool() ? 4 : 3;
-  const uint64_t max_pixels = pick_limit(cfg);
-  static std::map<std::tuple<int, uint64_t>, std::unique_ptr<detail::ImageDecoder>> cache;
-  auto& decoder = cache[{o.channels, max_pixels}];
-  if (!decoder) {
-    decoder = detail::make_image_decoder(detail::ImageFormat::kWebp, DecodeLimits{max_pixels}, o);
-  }
-  const uint16_t bx = cfg.ConsumeIntegral<uint16_t>(), by = cfg.ConsumeIntegral<uint16_t>();
-  const uint16_t bw = cfg.ConsumeIntegral<uint16_t>(), bh = cfg.ConsumeIntegral<uint16_t>();
-  const detail::ImageInfo info = decoder->begin(webp, size);
-  check(info.width >= 1 && info.height >= 1, "a non-empty header");
-  check(static_cast<uint64_t>(info.width) * info.height <= max_pixels, "the pixel limit");
-  const int x = static_cast<int>(static_cast<uint64_t>(bx) * info.width / 65536);
-  const int y = static_cast<int>(static_cast<uint64_t>(by) * info.height / 65536);
-  const int w = 1 + static_cast<int>(static_cast<uint64_t>(bw) * (info.width - x) / 65536);
-  const int h = 1 + static_cast<int>(static_cast<uint64_t>(bh) * (info.height - y) / 65536);
-  const DecodedImage image = decoder->finish_region(x, y, w, h, w, h);
-  check(image.width == w && image.height == h, "the region asked for");
-  touch(image, o.channels);
-}
-
-void run_writer(FuzzedDataProvider& cfg, const uint8_t* webp, size_t size) {
-  ImageTransform t;
-  t.mode = static_cast<ImageTransform::Mode>(cfg.ConsumeIntegralInRange<int>(0, 2));
-  t.size = cfg.ConsumeIntegralInRange<int>(1, 64);
-  t.resize = t.size + cfg.ConsumeIntegralInRange<int>(0, 16);
-  t.layout = cfg.ConsumeBool() ? conveyor::ImageLayout::kHWC : conveyor::ImageLayout::kCHW;
-  t.flip_probability = 0.5;
-  t.limits.max_pixels = pick_limit(cfg);
-  static std::map<std::tuple<int, int, int, int, uint64_t>, std::unique_ptr<ImageWriter>> cache;
-  auto& writer = cache[{static_cast<int>(t.mode), t.size, t.resize, static_cast<int>(t.layout),
-                        t.limits.max_pixels}];
-  if (!writer) writer = std::make_unique<ImageWriter>(t);
-  conveyor::SampleContext ctx;
-  ctx.seed = cfg.ConsumeIntegral<uint32_t>();
-  ctx.index = cfg.ConsumeIntegral<uint16_t>();
-  std::vector<std::byte> out(static_cast<size_t>(t.size) * t.size * 3);  // exact: ASan guards it
-  writer->write(webp, size, ctx, out.data());
-}
-
-}  // namespace
 
 std::vector<std::vector<uint8_t>> seed_files() {
   std::vector<std::vector<uint8_t>> files;
@@ -110,9 +66,9 @@ std::vector<std::vector<uint8_t>> seed_files() {
 
 void run_one(FuzzedDataProvider& cfg, const uint8_t* webp, size_t size) {
   if (cfg.ConsumeBool()) {
-    run_writer(cfg, webp, size);
+    run_image_writer(cfg, webp, size);
   } else {
-    run_decoder(cfg, webp, size);
+    run_region_decoder(cfg, detail::ImageFormat::kWebp, webp, size);
   }
 }
 
