@@ -32,8 +32,6 @@ const char* const kTarget = "conveyor-png-fuzz";
 const size_t kConfigBytes = 16;
 const char* const kSeedSuffix = ".png";
 
-
-
 std::vector<std::vector<uint8_t>> seed_files() {
   using conveyor::testing::PngSpec;
   std::vector<std::vector<uint8_t>> files;

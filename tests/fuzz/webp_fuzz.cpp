@@ -30,8 +30,6 @@ const char* const kTarget = "conveyor-webp-fuzz";
 const size_t kConfigBytes = 16;
 const char* const kSeedSuffix = ".webp";
 
-
-
 std::vector<std::vector<uint8_t>> seed_files() {
   std::vector<std::vector<uint8_t>> files;
   const int sizes[][2] = {{1, 1}, {7, 3}, {13, 17}, {40, 9}};
