@@ -168,7 +168,10 @@ class DecodeJpegFolder:
         import torchvision
 
         path, label = self.samples[i]
-        image = torchvision.io.decode_jpeg(torchvision.io.read_file(path))
+        # ImageReadMode.RGB: a gray JPEG (ImageNet holds some) comes out 3-channel, as PIL's
+        # convert("RGB") gives, or the DataLoader's collate fails on mixed channel counts.
+        image = torchvision.io.decode_jpeg(torchvision.io.read_file(path),
+                                           mode=torchvision.io.ImageReadMode.RGB)
         return self.transform(image), label
 
 

@@ -1,9 +1,9 @@
 """Segmentation loading (issue 32's masks): image + mask pairs through Conveyor against PyTorch's
-DataLoader with PIL, the same geometry on both (RandomResizedCrop 224 + horizontal flip applied to
-the image, bilinear, and to its mask, nearest), 2 workers each, batch 64, uint8 tensors out.
+DataLoader, the same geometry on all (RandomResizedCrop --crop + horizontal flip applied to the
+image, bilinear, and to its mask, nearest), 2 workers each, batch 64, uint8 tensors out.
 
     python bench/python/seg_bench.py [--data DIR] [--pairs 500] [--workers 2] [--rounds 3]
-        [--epochs 2]
+        [--epochs 2] [--crop 224] [--loaders conveyor,torch-pil,torchvision-v2]
 
 The data (written once into DIR, default ~/.cache/conveyor/datasets/seg-500x375): `--pairs`
 photo-like JPEGs of about 500x375 (conveyor.generate_image_folder) and beside each a palette PNG mask
@@ -15,10 +15,15 @@ of the same size (21 classes in blobs, VOC-like), listed in train.csv (columns i
   palette indices kept for the mask), draws torchvision's RandomResizedCrop box with Python's
   random (torchvision-free: the same rules as get_params), crops and resizes the image BILINEAR and
   the mask NEAREST with PIL, flips both with p=0.5, and returns uint8 tensors ([3,224,224] and
-  [224,224]) to torch's DataLoader with 2 worker processes.
+  [224,224]) to torch's DataLoader with 2 worker processes;
+- torchvision-v2: the same Dataset written as torchvision v2's users write it: torchvision.io's
+  decode_image (the image read as RGB, the mask UNCHANGED: palette indices), wrapped as
+  tv_tensors.Image and tv_tensors.Mask, and one v2.Compose([RandomResizedCrop(crop, antialias=True),
+  RandomHorizontalFlip()]) called on the pair, so the mask takes the image's box and flip with
+  nearest resampling (torchvision's paired transforms).
 
-Rounds interleave the loaders; each figure is the median pairs/s over the rounds, and the ratio
-is the median of per-round ratios (conveyor / torch-pil).
+Rounds interleave the loaders; each figure is the median pairs/s over the rounds, and each ratio
+is the median of per-round ratios (conveyor / the peer).
 """
 
 from __future__ import annotations
@@ -93,7 +98,8 @@ def crop_box(width, height, rng, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
 
 
 class PilPairs(torch.utils.data.Dataset):
-    def __init__(self, manifest: Path):
+    def __init__(self, manifest: Path, crop: int):
+        self.crop = crop
         with open(manifest) as f:
             self.rows = list(csv.DictReader(f))
         self.rng = random.Random()
@@ -108,8 +114,8 @@ class PilPairs(torch.utils.data.Dataset):
         mask.load()  # palette indices, never converted
         x, y, w, h = crop_box(image.width, image.height, self.rng)
         box = (x, y, x + w, y + h)
-        image = image.resize((CROP, CROP), Image.BILINEAR, box=box)
-        mask = mask.resize((CROP, CROP), Image.NEAREST, box=box)
+        image = image.resize((self.crop, self.crop), Image.BILINEAR, box=box)
+        mask = mask.resize((self.crop, self.crop), Image.NEAREST, box=box)
         if self.rng.random() < 0.5:
             image = image.transpose(Image.FLIP_LEFT_RIGHT)
             mask = mask.transpose(Image.FLIP_LEFT_RIGHT)
@@ -117,28 +123,60 @@ class PilPairs(torch.utils.data.Dataset):
                 torch.from_numpy(np.asarray(mask).copy()))
 
 
-def run_conveyor(manifest, workers, epochs):
+class TorchvisionPairs(torch.utils.data.Dataset):
+    """The pair through torchvision v2's paired transforms (tv_tensors.Image + tv_tensors.Mask)."""
+
+    def __init__(self, manifest: Path, crop: int):
+        from torchvision.transforms import v2
+
+        with open(manifest) as f:
+            self.rows = list(csv.DictReader(f))
+        self.transform = v2.Compose([v2.RandomResizedCrop(crop, antialias=True),
+                                     v2.RandomHorizontalFlip()])
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        from torchvision import io, tv_tensors
+
+        row = self.rows[i]
+        image = io.decode_image(io.read_file(row["image"]), mode=io.ImageReadMode.RGB)
+        mask = io.decode_image(io.read_file(row["mask"]), mode=io.ImageReadMode.UNCHANGED)
+        image, mask = self.transform(tv_tensors.Image(image), tv_tensors.Mask(mask[0]))
+        return image.as_subclass(torch.Tensor), mask.as_subclass(torch.Tensor)
+
+
+def run_conveyor(manifest, workers, epochs, crop):
     data = conveyor.Manifest(manifest, fields={
-        "image": conveyor.Image("image", transform=conveyor.RandomResizedCrop(CROP, flip=True)),
+        "image": conveyor.Image("image", transform=conveyor.RandomResizedCrop(crop, flip=True)),
         "mask": conveyor.Mask("mask", follows="image")})
     loader = conveyor.DataLoader(data, batch_size=BATCH, shuffle=True, num_workers=workers, seed=0)
     pairs, start = 0, time.perf_counter()
     for _ in range(epochs):
         for batch in loader:
-            assert batch["mask"].shape[1:] == (CROP, CROP)
+            assert batch["mask"].shape[1:] == (crop, crop)
             pairs += batch["image"].shape[0]
     return pairs / (time.perf_counter() - start)
 
 
-def run_torch_pil(manifest, workers, epochs):
-    loader = torch.utils.data.DataLoader(PilPairs(manifest), batch_size=BATCH, shuffle=True,
+def run_torch(dataset, workers, epochs, crop):
+    loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True,
                                          num_workers=workers, persistent_workers=True)
     pairs, start = 0, time.perf_counter()
     for _ in range(epochs):
         for images, masks in loader:
-            assert masks.shape[1:] == (CROP, CROP)
+            assert images.shape[1:] == (3, crop, crop) and masks.shape[1:] == (crop, crop)
+            assert masks.dtype == torch.uint8
             pairs += images.shape[0]
     return pairs / (time.perf_counter() - start)
+
+
+LOADERS = {
+    "conveyor": run_conveyor,
+    "torch-pil": lambda m, w, e, c: run_torch(PilPairs(m, c), w, e, c),
+    "torchvision-v2": lambda m, w, e, c: run_torch(TorchvisionPairs(m, c), w, e, c),
+}
 
 
 def main():
@@ -149,20 +187,29 @@ def main():
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--crop", type=int, default=CROP, help="the output size (issue 32: 512)")
+    parser.add_argument("--loaders", default="conveyor,torch-pil,torchvision-v2",
+                        help=f"comma-separated, conveyor first: {','.join(LOADERS)}")
     args = parser.parse_args()
+    names = args.loaders.split(",")
+    unknown = [n for n in names if n not in LOADERS]
+    if unknown or names[0] != "conveyor":
+        parser.error(f"--loaders: conveyor first, then any of {', '.join(LOADERS)}; got {unknown}")
     args.data.mkdir(parents=True, exist_ok=True)
     manifest = write_data(args.data, args.pairs)
     torch.set_num_threads(1)
-    rates = {"conveyor": [], "torch-pil": []}
+    rates = {name: [] for name in names}
     for r in range(args.rounds):
-        rates["conveyor"].append(run_conveyor(manifest, args.workers, args.epochs))
-        rates["torch-pil"].append(run_torch_pil(manifest, args.workers, args.epochs))
-        print(f"round {r}: conveyor {rates['conveyor'][-1]:.0f} pairs/s, "
-              f"torch-pil {rates['torch-pil'][-1]:.0f} pairs/s", flush=True)
-    ratio = statistics.median(c / t for c, t in zip(rates["conveyor"], rates["torch-pil"]))
-    print(f"conveyor {statistics.median(rates['conveyor']):.0f} pairs/s, torch-pil "
-          f"{statistics.median(rates['torch-pil']):.0f} pairs/s, ratio {ratio:.2f}x "
-          f"({args.workers} workers, {args.pairs} pairs of 500x375, {os.cpu_count()} cores)")
+        for name in names:
+            rates[name].append(LOADERS[name](manifest, args.workers, args.epochs, args.crop))
+        print(f"round {r}: " + ", ".join(f"{n} {rates[n][-1]:.0f} pairs/s" for n in names),
+              flush=True)
+    summary = [f"conveyor {statistics.median(rates['conveyor']):.0f} pairs/s"]
+    for name in names[1:]:
+        ratio = statistics.median(c / t for c, t in zip(rates["conveyor"], rates[name]))
+        summary.append(f"{name} {statistics.median(rates[name]):.0f} pairs/s (ratio {ratio:.2f}x)")
+    print(", ".join(summary) + f" ({args.workers} workers, {args.pairs} pairs of 500x375, crop "
+          f"{args.crop}, {os.cpu_count()} cores)")
 
 
 if __name__ == "__main__":
