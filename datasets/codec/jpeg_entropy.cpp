@@ -337,7 +337,7 @@ bool HuffmanScanDecoder::next_mcu(JBLOCKROW* blocks) {
     // AC: (run, size) symbols up to the end of the block or an end-of-block symbol.
     const HuffmanLookup& ac = *block_ac_[static_cast<size_t>(b)];
     for (int k = 1; k < DCTSIZE2;) {
-      refill();
+      if (bits < 31) refill();  // one symbol needs at most 16 + 15 bits
       entry = ac.entries[buffer >> (64 - HuffmanLookup::kLookupBits)];
       int symbol;
       int32_t value;
