@@ -7,6 +7,8 @@
 //                           laid out as libjpeg's;
 //   BM_OwnSkip              the same with skip_mcu (the discard variant: nothing stored).
 // The ratio BM_LibjpegCoefficients time / BM_OwnCoefficients time is the own decoder's speed-up.
+// /0: the files as written; /1: the same coefficients with a restart marker after every MCU (a
+// prepared file), which sends libjpeg-turbo to its slow path (decode_mcu_slow) for every MCU.
 // Files: 64 held-out-like photo-like 500x375 4:2:0 JPEGs (make_photo_jpeg, quality 90, seeds no
 // dataset uses), about ImageNet's bit rate; every one is checked block for block against libjpeg
 // before timing (the timing is meaningless for a decoder that is wrong).
@@ -14,6 +16,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <vector>
@@ -26,13 +29,47 @@ namespace {
 
 constexpr size_t kFiles = 64;
 
-const std::vector<std::vector<uint8_t>>& files() {
-  static const std::vector<std::vector<uint8_t>> all = [] {
+// The same coefficients with a restart marker after every MCU (a prepared file, conveyor-prepare
+// --restart 1), written by libjpeg's lossless transcoding.
+std::vector<uint8_t> with_restart_every_mcu(const std::vector<uint8_t>& file) {
+  jpeg_decompress_struct in{};
+  jpeg_compress_struct out{};
+  jpeg_error_mgr in_err{}, out_err{};
+  in.err = jpeg_std_error(&in_err);
+  out.err = jpeg_std_error(&out_err);
+  jpeg_create_decompress(&in);
+  jpeg_create_compress(&out);
+  jpeg_mem_src(&in, file.data(), static_cast<unsigned long>(file.size()));
+  jpeg_read_header(&in, TRUE);
+  jvirt_barray_ptr* coefficients = jpeg_read_coefficients(&in);
+  unsigned char* bytes = nullptr;
+  unsigned long size = 0;
+  jpeg_mem_dest(&out, &bytes, &size);
+  jpeg_copy_critical_parameters(&in, &out);
+  out.restart_interval = 1;
+  jpeg_write_coefficients(&out, coefficients);
+  jpeg_finish_compress(&out);
+  jpeg_finish_decompress(&in);
+  std::vector<uint8_t> result(bytes, bytes + size);
+  std::free(bytes);
+  jpeg_destroy_compress(&out);
+  jpeg_destroy_decompress(&in);
+  return result;
+}
+
+// files(0): the photo-like files as written; files(1): the same with restart markers.
+const std::vector<std::vector<uint8_t>>& files(int restarts) {
+  static const std::vector<std::vector<uint8_t>> plain = [] {
     std::vector<std::vector<uint8_t>> v;
     for (size_t i = 0; i < kFiles; ++i) v.push_back(make_photo_jpeg(500, 375, 900000 + i, 90));
     return v;
   }();
-  return all;
+  static const std::vector<std::vector<uint8_t>> prepared = [] {
+    std::vector<std::vector<uint8_t>> v;
+    for (const auto& f : plain) v.push_back(with_restart_every_mcu(f));
+    return v;
+  }();
+  return restarts != 0 ? prepared : plain;
 }
 
 // One decompress object reused across files, as a decoder would (errors: the files are valid; a
@@ -109,29 +146,31 @@ void check_files() {
     Libjpeg reference, own;
     detail::HuffmanScanDecoder decoder;
     Planes planes;
-    for (const auto& f : files()) {
-      reference.read_header(f);
-      jvirt_barray_ptr* arrays = jpeg_read_coefficients(&reference.cinfo);
-      own.read_header(f);
-      if (!decoder.start(&own.cinfo)) throw std::runtime_error("the own decoder refused a file");
-      planes.size_for(own.cinfo);
-      if (!decode_scan<true>(decoder, planes)) throw std::runtime_error("refused an MCU");
-      for (int c = 0; c < reference.cinfo.num_components; ++c) {
-        const jpeg_component_info& info = reference.cinfo.comp_info[c];
-        const JDIMENSION rows = (info.height_in_blocks + info.v_samp_factor - 1) /
-                                info.v_samp_factor * info.v_samp_factor;
-        const JDIMENSION w = planes.width[static_cast<size_t>(c)];
-        for (JDIMENSION r = 0; r < rows; ++r) {
-          JBLOCKARRAY row = (*reference.cinfo.mem->access_virt_barray)(
-              reinterpret_cast<j_common_ptr>(&reference.cinfo), arrays[c], r, 1, FALSE);
-          if (std::memcmp(row[0], &planes.coefficients[static_cast<size_t>(c)][r * w * DCTSIZE2],
-                          sizeof(JBLOCK) * w) != 0) {
-            throw std::runtime_error("the own decoder differs from libjpeg");
+    for (int restarts = 0; restarts < 2; ++restarts) {
+      for (const auto& f : files(restarts)) {
+        reference.read_header(f);
+        jvirt_barray_ptr* arrays = jpeg_read_coefficients(&reference.cinfo);
+        own.read_header(f);
+        if (!decoder.start(&own.cinfo)) throw std::runtime_error("the own decoder refused a file");
+        planes.size_for(own.cinfo);
+        if (!decode_scan<true>(decoder, planes)) throw std::runtime_error("refused an MCU");
+        for (int c = 0; c < reference.cinfo.num_components; ++c) {
+          const jpeg_component_info& info = reference.cinfo.comp_info[c];
+          const JDIMENSION rows = (info.height_in_blocks + info.v_samp_factor - 1) /
+                                  info.v_samp_factor * info.v_samp_factor;
+          const JDIMENSION w = planes.width[static_cast<size_t>(c)];
+          for (JDIMENSION r = 0; r < rows; ++r) {
+            JBLOCKARRAY row = (*reference.cinfo.mem->access_virt_barray)(
+                reinterpret_cast<j_common_ptr>(&reference.cinfo), arrays[c], r, 1, FALSE);
+            if (std::memcmp(row[0], &planes.coefficients[static_cast<size_t>(c)][r * w * DCTSIZE2],
+                            sizeof(JBLOCK) * w) != 0) {
+              throw std::runtime_error("the own decoder differs from libjpeg");
+            }
           }
         }
+        jpeg_finish_decompress(&reference.cinfo);
+        jpeg_abort_decompress(&own.cinfo);
       }
-      jpeg_finish_decompress(&reference.cinfo);
-      jpeg_abort_decompress(&own.cinfo);
     }
     return true;
   }();
@@ -143,7 +182,7 @@ void BM_LibjpegCoefficients(benchmark::State& state) {
   Libjpeg lib;
   size_t i = 0, bytes = 0;
   for (auto _ : state) {
-    const auto& f = files()[i++ % kFiles];
+    const auto& f = files(static_cast<int>(state.range(0)))[i++ % kFiles];
     lib.read_header(f);
     jvirt_barray_ptr* arrays = jpeg_read_coefficients(&lib.cinfo);
     benchmark::DoNotOptimize(arrays);
@@ -153,7 +192,7 @@ void BM_LibjpegCoefficients(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
-BENCHMARK(BM_LibjpegCoefficients);
+BENCHMARK(BM_LibjpegCoefficients)->Arg(0)->Arg(1);
 
 template <bool kStore>
 void own_benchmark(benchmark::State& state) {
@@ -163,7 +202,7 @@ void own_benchmark(benchmark::State& state) {
   Planes planes;
   size_t i = 0, bytes = 0;
   for (auto _ : state) {
-    const auto& f = files()[i++ % kFiles];
+    const auto& f = files(static_cast<int>(state.range(0)))[i++ % kFiles];
     lib.read_header(f);
     if (!decoder.start(&lib.cinfo)) {
       state.SkipWithError("refused");
@@ -183,8 +222,8 @@ void own_benchmark(benchmark::State& state) {
 }
 void BM_OwnCoefficients(benchmark::State& state) { own_benchmark<true>(state); }
 void BM_OwnSkip(benchmark::State& state) { own_benchmark<false>(state); }
-BENCHMARK(BM_OwnCoefficients);
-BENCHMARK(BM_OwnSkip);
+BENCHMARK(BM_OwnCoefficients)->Arg(0)->Arg(1);
+BENCHMARK(BM_OwnSkip)->Arg(0)->Arg(1);
 
 }  // namespace
 
