@@ -1,9 +1,10 @@
 // The own baseline entropy decoder (issue 35, step 2; datasets/codec/jpeg_entropy.h) against
 // libjpeg-turbo's jpeg_read_coefficients, block by block: on every kind of file it decodes
-// (4:2:0, 4:2:2, 4:4:4, 4:4:0, 4:1:1, gray, CMYK and YCCK; standard and optimized tables; restart
-// intervals 1..N; odd sizes; photo-like files), from the start and from states saved at random
-// MCUs; that it refuses the files outside its scope; and on mutated files, that it agrees with
-// libjpeg on every block or refuses, and never crashes (run once under ASan, see the report).
+// (4:2:0, 4:2:2, 4:4:4, 4:4:0, 4:1:1, gray (1x1 and 2x2 factors), CMYK and YCCK; standard and
+// optimized tables; restart intervals 1..N; odd sizes; photo-like files), from the start and from
+// states saved at random MCUs; that it refuses the files outside its scope; and on mutated files,
+// that it agrees with libjpeg on every block or refuses, and never crashes (run once under ASan,
+// see the report).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -185,7 +186,10 @@ std::vector<uint8_t> encode(int w, int h, const Kind& k, uint64_t seed) {
   jpeg_set_defaults(&cinfo);
   if (k.ycck) jpeg_set_colorspace(&cinfo, JCS_YCCK);
   jpeg_set_quality(&cinfo, k.quality, TRUE);
-  if (k.components > 1) {
+  if (k.components == 1) {  // a one-component scan's MCU is one block whatever these say
+    cinfo.comp_info[0].h_samp_factor = k.h_samp;
+    cinfo.comp_info[0].v_samp_factor = k.v_samp;
+  } else {
     cinfo.comp_info[0].h_samp_factor = k.h_samp;
     cinfo.comp_info[0].v_samp_factor = k.v_samp;
     for (int c = 1; c < cinfo.num_components; ++c) {
@@ -263,7 +267,7 @@ TEST(JpegEntropy, EveryKindOfFileBlockForBlock) {
   };
   const Sampling samplings[] = {{3, 2, 2, false}, {3, 2, 1, false}, {3, 1, 1, false},
                                 {3, 1, 2, false}, {3, 4, 1, false}, {1, 1, 1, false},
-                                {4, 1, 1, false}, {4, 2, 2, true}};
+                                {4, 1, 1, false}, {4, 2, 2, true},  {1, 2, 2, false}};
   const int sizes[][2] = {{1, 1}, {7, 9}, {17, 33}, {64, 48}, {99, 257}, {333, 17}};
   uint64_t seed = 0;
   int files = 0;
@@ -287,7 +291,7 @@ TEST(JpegEntropy, EveryKindOfFileBlockForBlock) {
       }
     }
   }
-  EXPECT_EQ(files, 8 * 6 * 6);
+  EXPECT_EQ(files, 9 * 6 * 6);
 }
 
 TEST(JpegEntropy, PhotoLikeFilesBlockForBlock) {
