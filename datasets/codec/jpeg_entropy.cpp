@@ -104,6 +104,7 @@ bool HuffmanLookup::build(const JHUFF_TBL& table, bool is_dc) {
 
 bool HuffmanScanDecoder::start(j_decompress_ptr cinfo) {
   refused_ = true;
+  scan_ready_ = false;
   layout_ = ScanLayout{};
   if (cinfo->progressive_mode || cinfo->arith_code || cinfo->data_precision != 8) return false;
   const int components = cinfo->comps_in_scan;
@@ -168,8 +169,8 @@ bool HuffmanScanDecoder::start(j_decompress_ptr cinfo) {
   for (int b = 0; b < layout_.blocks_in_mcu; ++b) {
     const jpeg_component_info* c =
         cinfo->cur_comp_info[layout_.block_component[static_cast<size_t>(b)]];
-    block_dc_[static_cast<size_t>(b)] = &dc_tables_[static_cast<size_t>(c->dc_tbl_no)];
-    block_ac_[static_cast<size_t>(b)] = &ac_tables_[static_cast<size_t>(c->ac_tbl_no)];
+    block_dc_[static_cast<size_t>(b)] = static_cast<uint8_t>(c->dc_tbl_no);
+    block_ac_[static_cast<size_t>(b)] = static_cast<uint8_t>(c->ac_tbl_no);
   }
 
   // The de-stuffed copy of the scan, up to EOI, its restart segments noted. As libjpeg's bit
@@ -213,6 +214,7 @@ bool HuffmanScanDecoder::start(j_decompress_ptr cinfo) {
           : (layout_.total_mcus() + layout_.restart_interval - 1) / layout_.restart_interval;
   if (segment_start_.size() != segments) return false;
 
+  scan_ready_ = true;
   refused_ = false;
   mcu_ = 0;
   return enter_segment(0);
@@ -237,7 +239,7 @@ EntropyState HuffmanScanDecoder::state() const {
 }
 
 bool HuffmanScanDecoder::restore(const EntropyState& state) {
-  if (segment_start_.empty() || state.next_mcu > layout_.total_mcus()) return refuse();
+  if (!scan_ready_ || state.next_mcu > layout_.total_mcus()) return refuse();
   // The segment that holds the position: the one of the MCU before, whose end a restart leaves.
   const uint64_t interval = layout_.restart_interval;
   const uint64_t segment =
@@ -309,7 +311,7 @@ bool HuffmanScanDecoder::next_mcu(JBLOCKROW* blocks) {
     JCOEF* block = kStore ? blocks[b][0] : nullptr;
     // DC: the difference from the component's last DC value.
     refill();
-    const HuffmanLookup& dc = *block_dc_[static_cast<size_t>(b)];
+    const HuffmanLookup& dc = dc_tables_[block_dc_[static_cast<size_t>(b)]];
     int32_t entry = dc.entries[buffer >> (64 - HuffmanLookup::kLookupBits)];
     int32_t difference;
     if (entry & HuffmanLookup::kComplete) {
@@ -335,7 +337,7 @@ bool HuffmanScanDecoder::next_mcu(JBLOCKROW* blocks) {
     if constexpr (kStore) block[0] = static_cast<JCOEF>(predictor);
 
     // AC: (run, size) symbols up to the end of the block or an end-of-block symbol.
-    const HuffmanLookup& ac = *block_ac_[static_cast<size_t>(b)];
+    const HuffmanLookup& ac = ac_tables_[block_ac_[static_cast<size_t>(b)]];
     for (int k = 1; k < DCTSIZE2;) {
       if (bits < 31) refill();  // one symbol needs at most 16 + 15 bits
       entry = ac.entries[buffer >> (64 - HuffmanLookup::kLookupBits)];

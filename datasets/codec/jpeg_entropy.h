@@ -105,9 +105,6 @@ class HuffmanScanDecoder {
   // Parses the next MCU without storing it (the DC predictors and the position advance).
   bool skip_mcu();
 
-  // Bytes of the de-stuffed copy (without its padding), for tests.
-  size_t scan_bytes() const { return segment_start_.empty() ? 0 : segment_end_.back(); }
-
  private:
   template <bool kStore>
   bool next_mcu(JBLOCKROW* blocks);
@@ -119,8 +116,8 @@ class HuffmanScanDecoder {
 
   ScanLayout layout_;
   std::array<HuffmanLookup, 4> dc_tables_, ac_tables_;
-  // Per block of the MCU: its tables.
-  std::array<const HuffmanLookup*, ScanLayout::kMaxBlocksInMcu> block_dc_{}, block_ac_{};
+  // Per block of the MCU: its tables' numbers (indices, not pointers: the decoder may be copied).
+  std::array<uint8_t, ScanLayout::kMaxBlocksInMcu> block_dc_{}, block_ac_{};
   // The de-stuffed scan, followed by zeros so that a refill may read past the end.
   std::vector<uint8_t> scan_;
   std::vector<size_t> segment_start_, segment_end_;  // byte offsets in scan_, per restart segment
@@ -131,6 +128,7 @@ class HuffmanScanDecoder {
   uint64_t segment_end_bits_ = 0;  // of the current segment
   uint64_t mcu_ = 0;
   std::array<int32_t, 4> dc_predictor_{};
+  bool scan_ready_ = false;  // the last start() succeeded: the copy and its segments are whole
   bool refused_ = true;
 };
 
