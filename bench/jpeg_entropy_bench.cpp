@@ -5,7 +5,8 @@
 //   BM_OwnCoefficients      jpeg_read_header (libjpeg) + HuffmanScanDecoder::start (tables, the
 //                           de-stuffed copy) + every MCU decoded into zeroed coefficient planes
 //                           laid out as libjpeg's;
-//   BM_OwnSkip              the same with skip_mcu (the discard variant: nothing stored).
+//   BM_OwnSkip              the same with skip_mcu (the discard variant: nothing stored);
+//   BM_HeaderAndPlanes      only the header parse and the zeroed planes, which both sides pay.
 // The ratio BM_LibjpegCoefficients time / BM_OwnCoefficients time is the own decoder's speed-up.
 // /0: the files as written; /1: the same coefficients with a restart marker after every MCU (a
 // prepared file), which sends libjpeg-turbo to its slow path (decode_mcu_slow) for every MCU.
@@ -220,6 +221,22 @@ void own_benchmark(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
 }
+// What both sides pay besides entropy decoding: libjpeg's header parse and zeroed coefficient
+// planes (libjpeg's are pre-zeroed too), for an entropy-only ratio by subtraction.
+void BM_HeaderAndPlanes(benchmark::State& state) {
+  Libjpeg lib;
+  Planes planes;
+  size_t i = 0;
+  for (auto _ : state) {
+    lib.read_header(files(static_cast<int>(state.range(0)))[i++ % kFiles]);
+    planes.size_for(lib.cinfo);
+    benchmark::DoNotOptimize(planes.coefficients.data());
+    jpeg_abort_decompress(&lib.cinfo);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_HeaderAndPlanes)->Arg(0)->Arg(1);
+
 void BM_OwnCoefficients(benchmark::State& state) { own_benchmark<true>(state); }
 void BM_OwnSkip(benchmark::State& state) { own_benchmark<false>(state); }
 BENCHMARK(BM_OwnCoefficients)->Arg(0)->Arg(1);
