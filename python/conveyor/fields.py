@@ -47,7 +47,8 @@ import torch
 from . import _C
 from .transforms import Transform
 
-__all__ = ["Field", "Image", "Mask", "Boxes", "Points", "Plan", "Int", "Float", "Array", "Bytes", "Text", "Json", "FieldBatch",
+__all__ = ["Field", "Image", "Mask", "Boxes", "Points", "Plan", "Int", "Float", "Array", "Bytes",
+           "Text", "Json", "FieldBatch",
            "Manifest"]
 
 # The dtypes an Array may have: torch's, by the name the engine reads.
@@ -147,7 +148,7 @@ class Boxes(Field):
     dropped when its clipped width or height is under ``min_size`` pixels (default 1, as
     torchvision v2's ``SanitizeBoundingBoxes``) or when the view keeps less than
     ``min_visibility`` of its area (default 0: no share required); the rows of the ``paired``
-    fields (ragged ``Array``\ s of one row per box: class labels) are dropped with it. Out: a
+    fields (ragged ``Array`` fields of one row per box: class labels) are dropped with it. Out: a
     jagged float32 [B, N_i, 4] (``torch.nested``). A box outside its image, with x2 < x1 or
     y2 < y1, or not finite, is the sample's error naming the field and the box. ``paired=()``
     for boxes without labels; a paired field that a source lacks is refused."""
@@ -322,14 +323,16 @@ def _cpp_fields(fields: Mapping[str, Field]) -> List[Tuple[str, "_C.Field"]]:
     """The fields for the engine, in the dict's order; checks names and kinds."""
     if not isinstance(fields, Mapping) or not fields:
         raise ValueError("conveyor: fields must be a non-empty dict of name -> conveyor field "
-                         "(conveyor.Image, Mask, Boxes, Points, Plan, Text, Json, Int, Float, Array, Bytes)")
+                         "(conveyor.Image, Mask, Boxes, Points, Plan, Text, Json, Int, Float, "
+                         "Array, Bytes)")
     out = []
     for name, field in fields.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"conveyor: a field's name must be a non-empty str, not {name!r}")
         if not isinstance(field, Field):
             raise ValueError(f"conveyor: field {name!r} must be a conveyor field "
-                             f"(conveyor.Image, Mask, Boxes, Points, Plan, Text, Json, Int, Float, Array, Bytes), "
+                             f"(conveyor.Image, Mask, Boxes, Points, Plan, Text, Json, Int, "
+                             f"Float, Array, Bytes), "
                              f"not {type(field).__name__}")
         out.append((name, field._cpp()))
     return out
