@@ -403,6 +403,23 @@ TEST(JsonValue, ReadsStringsIntegersNumbersAndLists) {
     EXPECT_NE(std::string(e.what()).find("more than 4 numbers"), std::string::npos) << e.what();
   }
   EXPECT_LE(bounded.size(), 4u);
+
+  // Lists of lists of one length (boxes, points).
+  size_t columns = 9;
+  EXPECT_TRUE(detail::json_number_rows(" [ [1, 2] ,[3,4.5] ] ", list, columns, 4));
+  EXPECT_EQ(list, (std::vector<double>{1, 2, 3, 4.5}));
+  EXPECT_EQ(columns, 2u);
+  EXPECT_TRUE(detail::json_number_rows("[]", list, columns, 4));
+  EXPECT_TRUE(list.empty());
+  EXPECT_EQ(columns, 0u);
+  EXPECT_FALSE(detail::json_number_rows("[[1, 2], [3]]", list, columns, 8));
+  EXPECT_FALSE(detail::json_number_rows("[1, 2]", list, columns, 8));
+  EXPECT_FALSE(detail::json_number_rows("[[1, [2]]]", list, columns, 8));
+  EXPECT_FALSE(detail::json_number_rows("[[1, 2],]", list, columns, 8));
+  EXPECT_FALSE(detail::json_number_rows("[[1, 2]] x", list, columns, 8));
+  EXPECT_THROW(detail::json_number_rows("[[1, 2], [3, 4], [5, 6]]", list, columns, 5),
+               std::length_error);
+  EXPECT_LE(list.size(), 5u);
   EXPECT_EQ(bounded.capacity(), 4u);
 }
 

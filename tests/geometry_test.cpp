@@ -3,6 +3,8 @@
 // with its own random stream), and masks follow the image's box, flip and output size.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "conveyor/fields.h"
+#include "conveyor/geometry.h"
 #include "conveyor/image_plan.h"
 #include "conveyor/random.h"
 #include "png_writer.h"
@@ -395,6 +398,425 @@ TEST(Mask, FromAManifestsColumns) {
       }
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Boxes, points and the plan as fields (conveyor/geometry.h)
+
+// torchvision v2's arithmetic on a BoundingBoxes, written out apart from map_box: crop (subtract
+// the box's corner, clamp to the crop), resize (times out / box size), flip (W - x, swapped),
+// then SanitizeBoundingBoxes' test (min_size on width and height) and the visibility share.
+struct ReferenceBox {
+  double x1, y1, x2, y2;
+  bool kept;
+};
+ReferenceBox reference_box(const ViewPlan& v, const double* b, double min_size,
+                           double min_visibility) {
+  const double c[4] = {
+      std::clamp(b[0] - v.x, 0.0, double(v.width)), std::clamp(b[1] - v.y, 0.0, double(v.height)),
+      std::clamp(b[2] - v.x, 0.0, double(v.width)), std::clamp(b[3] - v.y, 0.0, double(v.height))};
+  const double sx = double(v.out_width) / v.width, sy = double(v.out_height) / v.height;
+  ReferenceBox r{c[0] * sx, c[1] * sy, c[2] * sx, c[3] * sy, false};
+  if (v.flip) r = {v.out_width - r.x2, r.y1, v.out_width - r.x1, r.y2, false};
+  const double w = r.x2 - r.x1, h = r.y2 - r.y1;
+  const double share = (c[2] - c[0]) * (c[3] - c[1]) / ((b[2] - b[0]) * (b[3] - b[1]));
+  r.kept = w >= min_size && h >= min_size && !(share < min_visibility);
+  return r;
+}
+
+ViewPlan random_view(std::mt19937_64& gen, int width, int height) {
+  ViewPlan v;
+  v.width = 1 + static_cast<int>(gen() % width);
+  v.height = 1 + static_cast<int>(gen() % height);
+  v.x = static_cast<int>(gen() % (width - v.width + 1));
+  v.y = static_cast<int>(gen() % (height - v.height + 1));
+  v.flip = gen() % 2 == 1;
+  v.out_width = 1 + static_cast<int>(gen() % 300);
+  v.out_height = gen() % 2 ? v.out_width : 1 + static_cast<int>(gen() % 300);
+  return v;
+}
+
+// Random boxes inside a random image, each drawn near its view half the time.
+std::array<double, 4> random_box(std::mt19937_64& gen, int width, int height) {
+  std::uniform_real_distribution<double> ux(0, width), uy(0, height);
+  double x1 = ux(gen), x2 = ux(gen), y1 = uy(gen), y2 = uy(gen);
+  if (x2 < x1) std::swap(x1, x2);
+  if (y2 < y1) std::swap(y1, y2);
+  return {x1, y1, x2, y2};
+}
+
+// 200,000 random boxes, views and rules: map_box is the reference's box and decision.
+TEST(Boxes, MapBoxIsTorchvisionsCropResizeFlipAndSanitize) {
+  std::mt19937_64 gen(330);
+  size_t kept = 0, dropped = 0, flipped = 0;
+  for (int i = 0; i < 200000; ++i) {
+    const int width = 1 + static_cast<int>(gen() % 2000),
+              height = 1 + static_cast<int>(gen() % 2000);
+    const ViewPlan v = random_view(gen, width, height);
+    const std::array<double, 4> b = random_box(gen, width, height);
+    BoxRule rule;
+    if (gen() % 2) {
+      rule.min_size = std::uniform_real_distribution<double>(0, 4)(gen);
+      rule.min_visibility = std::uniform_real_distribution<double>(0, 1)(gen);
+    }
+    const MappedBox m = map_box(v, b, rule);
+    const ReferenceBox r = reference_box(v, b.data(), rule.min_size, rule.min_visibility);
+    const double tol = 1e-9 * (1 + v.out_width + v.out_height);
+    ASSERT_NEAR(m.x1, r.x1, tol) << i;
+    ASSERT_NEAR(m.y1, r.y1, tol) << i;
+    ASSERT_NEAR(m.x2, r.x2, tol) << i;
+    ASSERT_NEAR(m.y2, r.y2, tol) << i;
+    // The decision, away from its edge (where the two roundings may differ by an ulp).
+    const double w = r.x2 - r.x1, h = r.y2 - r.y1;
+    if (std::fabs(w - rule.min_size) > 1e-6 && std::fabs(h - rule.min_size) > 1e-6) {
+      const double share =
+          (w * h) / ((b[2] - b[0]) * (b[3] - b[1]) * (double(v.out_width) / v.width) *
+                     (double(v.out_height) / v.height));
+      if (std::fabs(share - rule.min_visibility) > 1e-6) {
+        ASSERT_EQ(m.kept, r.kept) << i;
+      }
+    }
+    ASSERT_GE(m.x1, 0);
+    ASSERT_LE(m.x2, v.out_width);
+    ASSERT_LE(m.x1, m.x2);
+    ASSERT_LE(m.y1, m.y2);
+    (m.kept ? kept : dropped) += 1;
+    flipped += v.flip;
+  }
+  EXPECT_GT(kept, 20000u);  // both decisions, flips and not, are reached
+  EXPECT_GT(dropped, 20000u);
+  EXPECT_GT(flipped, 50000u);
+}
+
+// Points map as box corners do and are inside the view's closed rectangle; a flip maps the view
+// onto itself.
+TEST(Points, MapPointIsTheBoxArithmetic) {
+  std::mt19937_64 gen(331);
+  for (int i = 0; i < 100000; ++i) {
+    const int width = 1 + static_cast<int>(gen() % 1000),
+              height = 1 + static_cast<int>(gen() % 1000);
+    const ViewPlan v = random_view(gen, width, height);
+    const double x = std::uniform_real_distribution<double>(-10, width + 10)(gen);
+    const double y = std::uniform_real_distribution<double>(-10, height + 10)(gen);
+    const MappedPoint p = map_point(v, x, y);
+    const MappedBox corner = map_box(v, {x, y, x, y}, BoxRule{0, 0});
+    const bool inside = x >= v.x && x <= v.x + v.width && y >= v.y && y <= v.y + v.height;
+    ASSERT_EQ(p.inside, inside) << i;
+    if (inside) {
+      ASSERT_NEAR(p.x, corner.x1, 1e-9 * v.out_width) << i;
+      ASSERT_NEAR(p.y, corner.y1, 1e-9 * v.out_height) << i;
+    }
+  }
+  const ViewPlan whole{0, 0, 10, 10, true, 5, 5, 0};
+  EXPECT_TRUE(map_point(whole, 0, 0).inside);
+  EXPECT_EQ(map_point(whole, 0, 0).x, 5);
+  EXPECT_TRUE(map_point(whole, 10, 10).inside);
+  EXPECT_FALSE(map_point(whole, std::nan(""), 1).inside);
+}
+
+// A detection sample as a reader gives it: a PNG, boxes, labels, points.
+struct Detection {
+  std::vector<uint8_t> image;
+  int width = 0, height = 0;
+  std::vector<float> boxes;     // [N, 4]
+  std::vector<int64_t> labels;  // [N]
+  std::vector<float> points;    // [P, 3]
+};
+
+class DetectionReader final : public MemberReader {
+ public:
+  explicit DetectionReader(std::vector<Detection> samples) : samples_(std::move(samples)) {}
+  size_t size() const override { return samples_.size(); }
+  void read(const SampleContext& ctx, MemberList& out) override {
+    const Detection& d = samples_.at(ctx.index);
+    out.add_bytes("png", d.image.data(), d.image.size());
+    const int64_t n = static_cast<int64_t>(d.labels.size());
+    std::byte* b =
+        out.add_array("boxes", c10::kFloat, {static_cast<int64_t>(d.boxes.size() / 4), 4});
+    std::memcpy(b, d.boxes.data(), d.boxes.size() * sizeof(float));
+    std::byte* l = out.add_array("labels", c10::kLong, {n});
+    std::memcpy(l, d.labels.data(), d.labels.size() * sizeof(int64_t));
+    const int64_t p = static_cast<int64_t>(d.points.size() / 3);
+    std::byte* q = out.add_array("kp", c10::kFloat, {p, 3});
+    std::memcpy(q, d.points.data(), d.points.size() * sizeof(float));
+  }
+
+ private:
+  std::vector<Detection> samples_;
+};
+
+std::vector<Detection> detections(size_t count, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::vector<Detection> out;
+  for (size_t i = 0; i < count; ++i) {
+    Detection d;
+    d.width = 20 + static_cast<int>(gen() % 100);
+    d.height = 20 + static_cast<int>(gen() % 100);
+    d.image = image_of(d.width, d.height, seed + i).bytes;
+    const size_t n = gen() % 12;
+    for (size_t k = 0; k < n; ++k) {
+      const std::array<double, 4> b = random_box(gen, d.width, d.height);
+      for (double v : b) d.boxes.push_back(static_cast<float>(v));
+      d.labels.push_back(static_cast<int64_t>(1000 * i + k));  // names its sample and row
+    }
+    for (size_t k = 0; k < 5; ++k) {
+      d.points.push_back(std::uniform_real_distribution<float>(0, d.width)(gen));
+      d.points.push_back(std::uniform_real_distribution<float>(0, d.height)(gen));
+      d.points.push_back(static_cast<float>(gen() % 3));
+    }
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+// Through a FieldSource (the boxes declared before their image): each sample's boxes are
+// map_box of its image's plan, the labels are the kept boxes' labels in order, the points carry
+// their visibility inside the view and 0 outside, and the plan field is the image's plan.
+TEST(Boxes, FollowTheImageWithTheirLabelsPointsAndPlan) {
+  const std::vector<Detection> samples = detections(300, 7);
+  for (const ImageTransform& t : {ImageTransform::train(32), ImageTransform::eval(24, 28)}) {
+    BoxRule rule;
+    rule.min_visibility = 0.3;
+    auto source =
+        FieldSource::from_reader(std::make_shared<DetectionReader>(samples),
+                                 {{"boxes", Field::boxes("boxes", "image", {"labels"}, rule)},
+                                  {"image", Field::image("png", t)},
+                                  {"labels", Field::array("labels", c10::kLong, {-1})},
+                                  {"kp", Field::points("kp")},
+                                  {"plan", Field::plan()}});
+    const std::vector<FieldSpec> specs = source->fields();
+    EXPECT_EQ(specs[0].sample_shape, (std::vector<int64_t>{4}));
+    EXPECT_EQ(specs[0].dtype, c10::kFloat);
+    EXPECT_EQ(specs[0].max_items, Field::kDefaultMaxBytes / 16);
+    EXPECT_EQ(specs[3].sample_shape, (std::vector<int64_t>{3}));
+    EXPECT_EQ(specs[4].sample_shape, (std::vector<int64_t>{1, 7}));
+    EXPECT_EQ(specs[4].dtype, c10::kInt);
+    EXPECT_FALSE(source->encoded_image_field().has_value());
+    source->prepare(1);
+    std::vector<std::vector<std::byte>> rows;
+    std::vector<std::byte*> pointers;
+    for (const FieldSpec& spec : specs) rows.emplace_back(spec.sample_bytes());
+    for (auto& r : rows) pointers.push_back(r.data());
+    size_t kept = 0, dropped = 0, invisible = 0;
+    for (size_t i = 0; i < samples.size(); ++i) {
+      const SampleContext ctx{0, i, 3, 1};
+      source->write_sample(ctx, pointers.data());
+      const Detection& d = samples[i];
+      const ViewPlan view = plan_image(t, d.width, d.height, 3, 1, i).views.at(0);
+      const auto* plan_values = reinterpret_cast<const int32_t*>(rows[4].data());
+      const std::array<int32_t, 7> want_plan = {
+          view.x, view.y, view.width, view.height, view.flip, view.out_width, view.out_height};
+      for (size_t k = 0; k < 7; ++k) ASSERT_EQ(plan_values[k], want_plan[k]);
+      const RaggedRow boxes(rows[0].data()), labels(rows[2].data()), points(rows[3].data());
+      const auto* box_values = reinterpret_cast<const float*>(boxes.items());
+      const auto* label_values = reinterpret_cast<const int64_t*>(labels.items());
+      ASSERT_EQ(boxes.count(), labels.count());
+      int64_t out = 0;
+      for (size_t k = 0; k < d.labels.size(); ++k) {
+        double b[4];
+        for (int c = 0; c < 4; ++c) b[c] = d.boxes[4 * k + c];
+        const ReferenceBox r = reference_box(view, b, rule.min_size, rule.min_visibility);
+        if (!r.kept) {
+          ++dropped;
+          continue;
+        }
+        ASSERT_LT(out, boxes.count()) << "sample " << i;
+        ASSERT_EQ(label_values[out], d.labels[k]) << "sample " << i << " box " << k;
+        const float* got = box_values + 4 * out;
+        ASSERT_NEAR(got[0], r.x1, 1e-4);
+        ASSERT_NEAR(got[1], r.y1, 1e-4);
+        ASSERT_NEAR(got[2], r.x2, 1e-4);
+        ASSERT_NEAR(got[3], r.y2, 1e-4);
+        ++out;
+        ++kept;
+      }
+      ASSERT_EQ(out, boxes.count()) << "sample " << i;
+      ASSERT_EQ(points.count(), 5);
+      const auto* point_values = reinterpret_cast<const float*>(points.items());
+      for (size_t k = 0; k < 5; ++k) {
+        const MappedPoint p = map_point(view, d.points[3 * k], d.points[3 * k + 1]);
+        ASSERT_EQ(point_values[3 * k], static_cast<float>(p.x));
+        ASSERT_EQ(point_values[3 * k + 1], static_cast<float>(p.y));
+        ASSERT_EQ(point_values[3 * k + 2], p.inside ? d.points[3 * k + 2] : 0.0f);
+        invisible += !p.inside;
+      }
+    }
+    EXPECT_GT(kept, 100u);
+    EXPECT_GT(dropped, 20u);
+    if (t.mode == ImageTransform::Mode::kRandomResizedCrop) {
+      EXPECT_GT(invisible, 100u);
+    }
+  }
+}
+
+// A reader's bytes: nested and flat JSON lists, an .npy of float64, empty members; points of
+// two columns come out with visibility 1 inside.
+class BytesReader final : public MemberReader {
+ public:
+  BytesReader(std::vector<uint8_t> image, std::vector<std::pair<std::string, std::string>> members)
+      : image_(std::move(image)), members_(std::move(members)) {}
+  size_t size() const override { return members_.size(); }
+  void read(const SampleContext& ctx, MemberList& out) override {
+    out.add_bytes("png", image_.data(), image_.size());
+    const auto& [boxes, points] = members_.at(ctx.index);
+    out.add_bytes("boxes", boxes.data(), boxes.size());
+    out.add_bytes("kp", points.data(), points.size());
+  }
+
+ private:
+  std::vector<uint8_t> image_;
+  std::vector<std::pair<std::string, std::string>> members_;
+};
+
+// Writes sample `index` of `source` into fresh rows; the rows.
+std::vector<std::vector<std::byte>> rows_of(FieldSource& source, size_t index) {
+  source.prepare(1);
+  std::vector<std::vector<std::byte>> rows;
+  std::vector<std::byte*> pointers;
+  for (const FieldSpec& spec : source.fields()) rows.emplace_back(spec.sample_bytes());
+  for (auto& r : rows) pointers.push_back(r.data());
+  source.write_sample({0, index, 0, 0}, pointers.data());
+  return rows;
+}
+
+std::vector<float> items_of(const std::vector<std::byte>& row, size_t per_item) {
+  const RaggedRow r(const_cast<std::byte*>(row.data()));
+  const auto* v = reinterpret_cast<const float*>(r.items());
+  return std::vector<float>(v, v + static_cast<size_t>(r.count()) * per_item);
+}
+
+TEST(Boxes, ReadJsonListsAndNpy) {
+  // The whole 40 x 20 image resized to 20 x 20, no flip: x halves, y stays.
+  ImageTransform t = ImageTransform::eval(20, 20);
+  t.mode = ImageTransform::Mode::kResize;
+  std::string npy = std::string("\x93NUMPY\x01\x00", 8);
+  std::string header = "{'descr': '<f8', 'fortran_order': False, 'shape': (1, 4), }";
+  header.resize(118 - 1, ' ');
+  header += '\n';
+  npy += std::string(1, static_cast<char>(header.size() & 0xff)) + std::string(1, '\0') + header;
+  const double b[4] = {4, 2, 8, 6};
+  npy.append(reinterpret_cast<const char*>(b), sizeof b);
+  const std::vector<std::pair<std::string, std::string>> members = {
+      {"[[4, 2, 8, 6], [0, 0, 40, 20]]", "[[2, 2], [40, 20], [-1, 3]]"},
+      {"[4, 2, 8, 6, 0, 0, 40, 20]", "[[2, 2, 2]]"},
+      {npy, "[]"},
+      {"[]", "[2, 2, 2, 4, 4, 0]"},
+  };
+  auto source =
+      FieldSource::from_reader(std::make_shared<BytesReader>(image_of(40, 20, 1).bytes, members),
+                               {{"image", Field::image("png", t)},
+                                {"boxes", Field::boxes("boxes", "image", {})},
+                                {"kp", Field::points("kp", "image", 3)}});
+  EXPECT_EQ(items_of(rows_of(*source, 0)[1], 4), (std::vector<float>{2, 2, 4, 6, 0, 0, 20, 20}));
+  EXPECT_EQ(items_of(rows_of(*source, 0)[2], 3),
+            (std::vector<float>{1, 2, 1, 20, 20, 1, -0.5f, 3, 0}));
+  EXPECT_EQ(items_of(rows_of(*source, 1)[1], 4), (std::vector<float>{2, 2, 4, 6, 0, 0, 20, 20}));
+  EXPECT_EQ(items_of(rows_of(*source, 1)[2], 3), (std::vector<float>{1, 2, 2}));
+  EXPECT_EQ(items_of(rows_of(*source, 2)[1], 4), (std::vector<float>{2, 2, 4, 6}));
+  EXPECT_EQ(items_of(rows_of(*source, 2)[2], 3), std::vector<float>{});
+  EXPECT_EQ(items_of(rows_of(*source, 3)[1], 4), std::vector<float>{});
+  EXPECT_EQ(items_of(rows_of(*source, 3)[2], 3), (std::vector<float>{1, 2, 2, 2, 4, 0}));
+}
+
+std::string error_at(FieldSource& source, size_t index) {
+  try {
+    rows_of(source, index);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Boxes, ClearErrors) {
+  const ImageTransform t = ImageTransform::train(16);
+  const std::vector<std::pair<std::string, std::string>> members = {
+      {"[[0, 0, 41, 10]]", "[]"},            // outside the 40 x 20 image
+      {"[[5, 0, 4, 10]]", "[]"},             // x2 < x1
+      {"[[0, 0, 1, 2, 3]]", "[]"},           // 5 numbers
+      {"[0, 0, 1, 2, 3]", "[]"},             // a flat list of 5
+      {"{\"boxes\": []}", "[]"},             // not a list
+      {"[[1, 1, 2, 2]]", "[1, 2, 3, 4]"},    // points as a flat list without point_columns
+      {"[[1, 1, 2, 2]]", "[[1e999, 2]]"},    // not a number
+      {"[[1, 1, 2, 2]]", "[[1, 2, 3, 4]]"},  // points of 4
+  };
+  auto source =
+      FieldSource::from_reader(std::make_shared<BytesReader>(image_of(40, 20, 1).bytes, members),
+                               {{"image", Field::image("png", t)},
+                                {"boxes", Field::boxes("boxes", "image", {})},
+                                {"kp", Field::points("kp")}});
+  EXPECT_EQ(error_at(*source, 0),
+            "field \"boxes\": box 0 [0.000000, 0.000000, 41.000000, 10.000000] lies outside its "
+            "image (field \"image\": 40x20, upright)");
+  EXPECT_EQ(error_at(*source, 1),
+            "field \"boxes\": box 0 [5.000000, 0.000000, 4.000000, 10.000000] is not [x1, y1, "
+            "x2, y2] with x1 <= x2, y1 <= y2");
+  EXPECT_EQ(error_at(*source, 2),
+            "field \"boxes\": member \"boxes\" is a list of lists of 5 numbers, not boxes of 4 "
+            "numbers");
+  EXPECT_EQ(error_at(*source, 3),
+            "field \"boxes\": member \"boxes\" lists 5 numbers, not boxes of 4");
+  EXPECT_EQ(
+      error_at(*source, 4),
+      "field \"boxes\": member \"boxes\" is not an .npy or a JSON list of boxes of 4 numbers");
+  EXPECT_EQ(error_at(*source, 5),
+            "field \"kp\": member \"kp\" is not an .npy or a JSON list of points of 2 or 3 "
+            "numbers");
+  EXPECT_EQ(error_at(*source, 6),
+            "field \"kp\": member \"kp\" is not an .npy or a JSON list of points of 2 or 3 "
+            "numbers");
+  EXPECT_EQ(error_at(*source, 7),
+            "field \"kp\": member \"kp\" is a list of lists of 4 numbers, not points of 2 or 3 "
+            "numbers");
+}
+
+// NaN in a typed array, a paired field of another length, and the declarations refused.
+TEST(Boxes, PairedRowsAndDeclarations) {
+  std::vector<Detection> samples = detections(2, 9);
+  samples[0].boxes = {1, 1, NAN, 5};
+  samples[0].labels = {1};
+  samples[1].boxes = {1, 1, 5, 5};
+  samples[1].labels = {1, 2};
+  const auto reader = std::make_shared<DetectionReader>(samples);
+  const Field image = Field::image("png", ImageTransform::train(16));
+  auto source =
+      FieldSource::from_reader(reader, {{"image", image},
+                                        {"boxes", Field::boxes("boxes")},
+                                        {"labels", Field::array("labels", c10::kLong, {-1})}});
+  EXPECT_EQ(error_at(*source, 0),
+            "field \"boxes\": box 0 [1.000000, 1.000000, nan, 5.000000] is not finite");
+  EXPECT_EQ(error_at(*source, 1),
+            "field \"labels\" has 2 rows and its boxes (field \"boxes\") 1: a field paired with "
+            "boxes has one row per box");
+  const auto refused = [&](Fields fields) {
+    try {
+      FieldSource::from_reader(reader, std::move(fields));
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refused({{"image", image}, {"boxes", Field::boxes("boxes")}}),
+            "field \"boxes\" pairs with \"labels\", which is not a field of the source (boxes "
+            "without labels: paired=())");
+  EXPECT_EQ(refused({{"image", image},
+                     {"boxes", Field::boxes("boxes")},
+                     {"labels", Field::integer("labels")}}),
+            "field \"boxes\" pairs with \"labels\", which is not a ragged array (shape (-1, ...): "
+            "one row per box)");
+  EXPECT_EQ(refused({{"image", image},
+                     {"boxes", Field::boxes("boxes")},
+                     {"more", Field::boxes("boxes")},
+                     {"labels", Field::array("labels", c10::kLong, {-1})}}),
+            "field \"more\" pairs with \"labels\", which another boxes field pairs with already");
+  EXPECT_EQ(refused({{"image", image}, {"plan", Field::plan("picture")}}),
+            "field \"plan\": follows \"picture\", which is not an image field of the same source");
+  BoxRule bad_rule;
+  bad_rule.min_visibility = 1.5;
+  EXPECT_EQ(refused({{"image", image}, {"boxes", Field::boxes("boxes", "image", {}, bad_rule)}}),
+            "field \"boxes\": min_size must be >= 0 and min_visibility in [0, 1]");
+  EXPECT_EQ(refused({{"image", image}, {"kp", Field::points("kp", "image", 4)}}),
+            "field \"kp\": point_columns is 2 (x, y), 3 (x, y, visibility) or 0 (no flat lists), "
+            "not 4");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "conveyor/fields.h"
+#include "conveyor/geometry.h"
 #include "conveyor/internal/printable.h"
 #include "fields/field_writer.h"
 
@@ -74,6 +75,30 @@ Field Field::mask(std::string keys, std::string follows, c10::ScalarType dtype) 
   return f;
 }
 
+Field Field::boxes(std::string keys, std::string follows, std::vector<std::string> paired,
+                   BoxRule rule, size_t max_bytes) {
+  Field f = make(Kind::kBoxes, std::move(keys));
+  f.follows = std::move(follows);
+  f.paired = std::move(paired);
+  f.box_rule = rule;
+  f.max_bytes = max_bytes;
+  return f;
+}
+
+Field Field::points(std::string keys, std::string follows, int point_columns, size_t max_bytes) {
+  Field f = make(Kind::kPoints, std::move(keys));
+  f.follows = std::move(follows);
+  f.point_columns = point_columns;
+  f.max_bytes = max_bytes;
+  return f;
+}
+
+Field Field::plan(std::string follows) {
+  Field f = make(Kind::kPlan, "");
+  f.follows = std::move(follows);
+  return f;
+}
+
 std::vector<std::string> Field::key_list() const {
   std::vector<std::string> out;
   size_t begin = 0;
@@ -93,10 +118,33 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
     return std::invalid_argument(detail::field_label(name) + ": " + why);
   };
   if (name.empty()) throw std::invalid_argument("a field needs a name");
-  if (key_list().empty()) throw bad("no member or column named (keys is empty)");
+  if (kind != Kind::kPlan && key_list().empty()) {
+    throw bad("no member or column named (keys is empty)");
+  }
   FieldSpec spec;
   spec.name = name;
   const size_t max = max_bytes == 0 ? kDefaultMaxBytes : max_bytes;
+  // A field that follows an image: its leader must be one (every follower's first check).
+  const auto check_leader = [&] {
+    if (follows.empty()) throw bad("follows an image field: `follows` is empty");
+    if (leader == nullptr || leader->kind != Kind::kImage) {
+      throw bad("follows \"" + detail::printable(follows) +
+                "\", which is not an image field of the same source");
+    }
+    if (leader->transform.size <= 0) throw bad("the image's transform size must be positive");
+  };
+  // A ragged field of items of `item_values` float32 values (boxes, points).
+  const auto ragged_floats = [&](int64_t item_values) {
+    spec.dtype = c10::ScalarType::Float;
+    spec.sample_shape = {item_values};
+    const size_t item = spec.item_bytes();
+    if (max < item) {
+      throw bad("max_bytes " + std::to_string(max) + " holds no item of " + std::to_string(item) +
+                " bytes");
+    }
+    spec.max_items = max / item;
+    return spec;
+  };
   switch (kind) {
     case Kind::kImage: {
       if (transform.size <= 0) throw bad("the transform's size must be positive");
@@ -137,19 +185,34 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
       return spec;
     }
     case Kind::kMask: {
-      if (follows.empty()) throw bad("a mask follows an image field: `follows` is empty");
       if (dtype != c10::ScalarType::Byte && dtype != c10::ScalarType::Int) {
         throw bad("a mask's dtype is uint8 or int32 (int32 for 16-bit masks)");
       }
-      if (leader == nullptr || leader->kind != Kind::kImage) {
-        throw bad("follows \"" + detail::printable(follows) +
-                  "\", which is not an image field of the same source");
-      }
-      if (leader->transform.size <= 0) throw bad("the image's transform size must be positive");
+      check_leader();
       spec.dtype = dtype;
       spec.sample_shape = {leader->transform.size, leader->transform.size};
       return spec;
     }
+    case Kind::kBoxes:
+      check_leader();
+      if (!(box_rule.min_size >= 0) || !(box_rule.min_visibility >= 0) ||
+          !(box_rule.min_visibility <= 1)) {
+        throw bad("min_size must be >= 0 and min_visibility in [0, 1]");
+      }
+      return ragged_floats(4);
+    case Kind::kPoints:
+      check_leader();
+      if (point_columns != 0 && point_columns != 2 && point_columns != 3) {
+        throw bad("point_columns is 2 (x, y), 3 (x, y, visibility) or 0 (no flat lists), not " +
+                  std::to_string(point_columns));
+      }
+      return ragged_floats(3);
+    case Kind::kPlan:
+      check_leader();
+      spec.dtype = c10::ScalarType::Int;
+      // One view per image today: a plan of several views makes this [views, 7].
+      spec.sample_shape = {1, static_cast<int64_t>(kPlanRowValues)};
+      return spec;
     case Kind::kBytes:
     case Kind::kText:
     case Kind::kJson:
@@ -212,6 +275,11 @@ void FieldWriter::write_following(const Member&, const SampleContext&, const Ima
   throw std::logic_error("conveyor: write_following() on a field writer that follows nothing");
 }
 
+bool follows_an_image(Field::Kind kind) {
+  return kind == Field::Kind::kMask || kind == Field::Kind::kBoxes ||
+         kind == Field::Kind::kPoints || kind == Field::Kind::kPlan;
+}
+
 std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Field& field,
                                                const FieldSpec& spec) {
   switch (field.kind) {
@@ -231,6 +299,12 @@ std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Fi
       return make_json_writer(name, spec);
     case Field::Kind::kMask:
       return make_mask_writer(name, field, spec);
+    case Field::Kind::kBoxes:
+      return make_box_writer(name, field, spec);
+    case Field::Kind::kPoints:
+      return make_point_writer(name, field, spec);
+    case Field::Kind::kPlan:
+      return make_plan_writer(name, spec);
   }
   throw std::invalid_argument(field_label(name) + ": an unknown kind");
 }

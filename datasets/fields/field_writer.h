@@ -5,7 +5,10 @@
 // writer lives in its own file (image_field.cpp, scalar_fields.cpp, array_field.cpp,
 // text_fields.cpp). Adding a kind: its enumerator in conveyor/fields.h, its spec in field.cpp, its
 // writer file and its entry in the table. A kind that follows an image's geometry (a mask)
-// implements write_following(); FieldSource hands it its leader's published plan.
+// implements write_following(); FieldSource hands it its leader's published plan. A follower
+// with no member (the plan) is handed an empty member. Each geometric follower is one writer file
+// (mask_field.cpp, box_field.cpp, point_field.cpp, plan_field.cpp) over a pure function of one
+// ViewPlan (conveyor/geometry.h).
 //
 // Requires: write() gets a member the field's keys name, and `row` with spec.sample_bytes()
 // writable bytes (a RaggedRow for a ragged spec). Guarantees: write() fills the whole row (a
@@ -20,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "conveyor/datasets.h"
 #include "conveyor/fields.h"
@@ -27,6 +31,12 @@
 #include "sources/sample_kind.h"
 
 namespace conveyor::detail {
+
+// The rows of a member that a boxes writer kept.
+struct KeptRows {
+  size_t rows = 0;           // the member's rows
+  std::vector<size_t> kept;  // the rows kept, ascending
+};
 
 class FieldWriter {
  public:
@@ -47,6 +57,11 @@ class FieldWriter {
   // for the sample instead of write(). The default throws std::logic_error (not a follower).
   virtual void write_following(const Member& member, const SampleContext& ctx,
                                const ImagePlan& plan, std::byte* row);
+
+  // Rows (conveyor/geometry.h). A boxes writer publishes which of its member's rows its last
+  // write kept, for FieldSource to drop the same rows of the fields paired with it; null for
+  // every other kind.
+  virtual const KeptRows* published_kept_rows() const { return nullptr; }
 };
 
 // The writer of field `name` described by `field` (whose spec() is `spec`).
@@ -83,5 +98,13 @@ std::unique_ptr<FieldWriter> make_text_writer(const std::string& name, const Fie
 std::unique_ptr<FieldWriter> make_json_writer(const std::string& name, const FieldSpec& spec);
 std::unique_ptr<FieldWriter> make_mask_writer(const std::string& name, const Field& field,
                                               const FieldSpec& spec);
+std::unique_ptr<FieldWriter> make_box_writer(const std::string& name, const Field& field,
+                                             const FieldSpec& spec);
+std::unique_ptr<FieldWriter> make_point_writer(const std::string& name, const Field& field,
+                                               const FieldSpec& spec);
+std::unique_ptr<FieldWriter> make_plan_writer(const std::string& name, const FieldSpec& spec);
+
+// Whether a field of `kind` follows an image's plan (a mask, boxes, points, the plan).
+bool follows_an_image(Field::Kind kind);
 
 }  // namespace conveyor::detail

@@ -360,28 +360,65 @@ bool json_number(std::string_view text, double& out) {
   return one_number(text, number) && to_double(number, out);
 }
 
-bool json_number_list(std::string_view text, std::vector<double>& out, size_t max_items) {
-  out.clear();
+namespace {
+
+constexpr size_t kNotAList = std::string_view::npos;
+
+// The list of numbers that opens at text[at] ('['), appended to `out`: the position just after
+// its ']', or kNotAList when it is not one. Throws as json_number_list past max_items numbers.
+size_t append_number_list(std::string_view text, size_t at, std::vector<double>& out,
+                          size_t max_items) {
   const Scanner scanner(text, 0);
-  size_t at = skip_space(text, 0);
-  if (at >= text.size() || text[at] != '[') return false;
+  if (at >= text.size() || text[at] != '[') return kNotAList;
   at = skip_space(text, at + 1);
-  if (at < text.size() && text[at] == ']') return skip_space(text, at + 1) == text.size();
+  if (at < text.size() && text[at] == ']') return at + 1;
   while (true) {
-    if (at >= text.size() || (text[at] != '-' && !is_digit(text[at]))) return false;
+    if (at >= text.size() || (text[at] != '-' && !is_digit(text[at]))) return kNotAList;
     size_t end = 0;
     try {
       end = scanner.number(at);
     } catch (const std::runtime_error&) {
-      return false;
+      return kNotAList;
     }
     double value = 0;
-    if (!to_double(text.substr(at, end - at), value)) return false;
+    if (!to_double(text.substr(at, end - at), value)) return kNotAList;
     if (out.size() == max_items) {
       throw std::length_error("json: a list of more than " + std::to_string(max_items) +
                               " numbers");
     }
     out.push_back(value);
+    at = skip_space(text, end);
+    if (at < text.size() && text[at] == ',') {
+      at = skip_space(text, at + 1);
+      continue;
+    }
+    if (at < text.size() && text[at] == ']') return at + 1;
+    return kNotAList;
+  }
+}
+
+}  // namespace
+
+bool json_number_list(std::string_view text, std::vector<double>& out, size_t max_items) {
+  out.clear();
+  const size_t end = append_number_list(text, skip_space(text, 0), out, max_items);
+  return end != kNotAList && skip_space(text, end) == text.size();
+}
+
+bool json_number_rows(std::string_view text, std::vector<double>& out, size_t& columns,
+                      size_t max_items) {
+  out.clear();
+  columns = 0;
+  size_t at = skip_space(text, 0);
+  if (at >= text.size() || text[at] != '[') return false;
+  at = skip_space(text, at + 1);
+  if (at < text.size() && text[at] == ']') return skip_space(text, at + 1) == text.size();
+  for (size_t row = 0;; ++row) {
+    const size_t before = out.size();
+    const size_t end = append_number_list(text, at, out, max_items);
+    if (end == kNotAList) return false;
+    if (row == 0) columns = out.size() - before;
+    if (out.size() - before != columns) return false;
     at = skip_space(text, end);
     if (at < text.size() && text[at] == ',') {
       at = skip_space(text, at + 1);

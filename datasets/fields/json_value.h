@@ -51,5 +51,11 @@ bool json_number(std::string_view text, double& out);
 // has more than `max_items`, after at most max_items items were stored: `out` never grows past
 // max_items, whatever the text.
 bool json_number_list(std::string_view text, std::vector<double>& out, size_t max_items);
+// A list of lists of numbers, every inner list of the same length ([] and [[], []] included):
+// their numbers, row after row, into `out` (cleared first) and the inner lists' length into
+// `columns` (0 for []). Throws as json_number_list past max_items numbers in all; false for
+// anything else (a flat list, rows of different lengths, deeper nesting).
+bool json_number_rows(std::string_view text, std::vector<double>& out, size_t& columns,
+                      size_t max_items);
 
 }  // namespace conveyor::detail

@@ -73,7 +73,7 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
   }
   for (const auto& [name, field] : fields_) {
     std::optional<size_t> leader;
-    if (field.kind == Field::Kind::kMask) {
+    if (detail::follows_an_image(field.kind)) {
       for (size_t l = 0; l < fields_.size(); ++l) {
         if (fields_[l].first == field.follows) leader = l;
       }
@@ -81,6 +81,33 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
     specs_.push_back(field.spec(name, leader ? &fields_[*leader].second : nullptr));
     keys_.push_back(field.key_list());
     leader_of_.push_back(leader);
+  }
+  // Each boxes field's paired fields: ragged arrays, each paired once.
+  paired_.resize(fields_.size());
+  std::set<size_t> taken;
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    const Field& field = fields_[f].second;
+    if (field.kind != Field::Kind::kBoxes) continue;
+    for (const std::string& name : field.paired) {
+      size_t p = 0;
+      while (p < fields_.size() && fields_[p].first != name) ++p;
+      const std::string label =
+          detail::field_label(fields_[f].first) + " pairs with \"" + detail::printable(name) + "\"";
+      if (p == fields_.size()) {
+        throw std::invalid_argument(label +
+                                    ", which is not a field of the source (boxes "
+                                    "without labels: paired=())");
+      }
+      if (fields_[p].second.kind != Field::Kind::kArray || !specs_[p].ragged()) {
+        throw std::invalid_argument(label +
+                                    ", which is not a ragged array (shape (-1, ...): one row "
+                                    "per box)");
+      }
+      if (!taken.insert(p).second) {
+        throw std::invalid_argument(label + ", which another boxes field pairs with already");
+      }
+      paired_[f].push_back(p);
+    }
   }
   // Leaders (and fields that follow nothing) first, in the declared order; then the followers.
   for (int followers = 0; followers < 2; ++followers) {
@@ -127,7 +154,9 @@ void FieldSource::write_fields(Worker& w, const SampleContext& ctx, std::byte* c
                                std::optional<size_t> skip) {
   for (const size_t f : write_order_) {
     if (skip && *skip == f) continue;
-    const detail::Member& member = member_of(w.members, f);
+    static const detail::Member kNoMember{};
+    const detail::Member& member =
+        keys_[f].empty() ? kNoMember : member_of(w.members, f);  // a plan reads no member
     const auto started = Clock::now();
     if (const std::optional<size_t> leader = leader_of_[f]) {
       // The leader was written just before (write_order_), for this sample: its plan is this one.
@@ -150,6 +179,33 @@ void FieldSource::write_fields(Worker& w, const SampleContext& ctx, std::byte* c
                             std::memory_order_relaxed);
     }
   }
+  for (size_t f = 0; f < fields_.size(); ++f) {
+    if (paired_[f].empty()) continue;
+    const detail::KeptRows* kept = w.writers[f]->published_kept_rows();
+    if (kept == nullptr) {
+      throw std::logic_error("conveyor: " + detail::field_label(fields_[f].first) +
+                             " published no rows");
+    }
+    for (const size_t p : paired_[f]) keep_paired_rows(f, p, *kept, rows[p]);
+  }
+}
+
+void FieldSource::keep_paired_rows(size_t boxes, size_t paired, const detail::KeptRows& kept,
+                                   std::byte* row) const {
+  RaggedRow items(row);
+  if (items.count() != static_cast<int64_t>(kept.rows)) {
+    throw std::runtime_error(
+        detail::field_label(fields_[paired].first) + " has " + std::to_string(items.count()) +
+        " rows and its boxes (" + detail::field_label(fields_[boxes].first) + ") " +
+        std::to_string(kept.rows) + ": a field paired with boxes has one row per box");
+  }
+  const size_t bytes = specs_[paired].item_bytes();
+  for (size_t i = 0; i < kept.kept.size(); ++i) {
+    if (kept.kept[i] != i) {
+      std::memmove(items.items() + i * bytes, items.items() + kept.kept[i] * bytes, bytes);
+    }
+  }
+  items.set_count(static_cast<int64_t>(kept.kept.size()));
 }
 
 void FieldSource::read_members(Worker& w, const SampleContext& ctx) {

@@ -34,8 +34,8 @@ from ._errors import SampleError  # noqa: E402
 from .datasets import (Dataset, FileList, ImageFolder, JpegBytes, Manifest,  # noqa: E402
                        PatternDataset, TarShards, UserDataset, expand_shard_braces,
                        from_dataset, tar_shards)
-from .fields import (Array, Bytes, Field, FieldBatch, Float, Image, Int, Json, Mask,  # noqa: E402
-                     Text)
+from .fields import (Array, Boxes, Bytes, Field, FieldBatch, Float, Image, Int, Json,  # noqa: E402
+                     Mask, Plan, Points, Text)
 from .loader import Batch, DataLoader  # noqa: E402
 from .samplers import (DistributedSampler, RandomSampler, Sampler,  # noqa: E402
                        SequentialSampler)
@@ -90,7 +90,8 @@ __all__ = [
     "DataLoader", "Batch", "SampleError",
     "Dataset", "ImageFolder", "FileList", "JpegBytes", "TarShards", "tar_shards",
     "PatternDataset", "expand_shard_braces", "Manifest", "UserDataset", "from_dataset",
-    "Field", "Image", "Mask", "Int", "Float", "Array", "Bytes", "Text", "Json", "FieldBatch",
+    "Field", "Image", "Mask", "Boxes", "Points", "Plan", "Int", "Float", "Array", "Bytes", "Text",
+    "Json", "FieldBatch",
     "Sampler", "SequentialSampler", "RandomSampler", "DistributedSampler",
     "Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "train_transform",
     "eval_transform", "SIMD_DCT_SCALES", "FULL_DCT_SCALE", "ALL_DCT_SCALES",

@@ -125,6 +125,27 @@ class Mask(Field):
     dtype: torch.dtype
     def __init__(self, keys: str = ..., follows: str = ..., dtype: torch.dtype = ...) -> None: ...
 
+class Boxes(Field):
+    follows: str
+    paired: Tuple[str, ...]
+    min_size: float
+    min_visibility: float
+    max_bytes: int
+    def __init__(self, keys: str = ..., follows: str = ..., paired: Sequence[str] = ..., *,
+                 min_size: float = ..., min_visibility: float = ...,
+                 max_bytes: Optional[int] = ...) -> None: ...
+
+class Points(Field):
+    follows: str
+    columns: Optional[int]
+    max_bytes: int
+    def __init__(self, keys: str = ..., follows: str = ..., *, columns: Optional[int] = ...,
+                 max_bytes: Optional[int] = ...) -> None: ...
+
+class Plan(Field):
+    follows: str
+    def __init__(self, follows: str = ...) -> None: ...
+
 class Int(Field):
     def __init__(self, keys: str = ...) -> None: ...
 

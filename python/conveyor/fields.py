@@ -23,6 +23,9 @@ column. A batch is a :class:`FieldBatch`, a dict keyed by field name:
   ``multi_hot=True`` makes a list of class indices a multi-hot row of ``shape=(classes,)``;
 - ``Mask``: a segmentation mask that follows an image field's crop, flip and size (nearest
   neighbour, palette indices kept as class ids): uint8 [B,S,S], or int32 for 16-bit masks;
+- ``Boxes`` / ``Points``: boxes [N, 4] / points [N, 2 or 3] that follow an image field's crop,
+  scale and flip: jagged float32 [B, N_i, 4] / [B, N_i, 3]; a dropped box takes its labels' rows;
+- ``Plan``: each sample's plan of an image field, int32 [B, V, 7] (x, y, w, h, flip, out_w, out_h);
 - ``Text``: a ``list[str]``; ``Bytes``: a ``list[bytes]``; ``Json``: a ``list`` of parsed values.
 
 Ragged fields (text, bytes, JSON, arrays whose first dimension varies) hold at most ``max_bytes``
@@ -44,7 +47,8 @@ import torch
 from . import _C
 from .transforms import Transform
 
-__all__ = ["Field", "Image", "Mask", "Int", "Float", "Array", "Bytes", "Text", "Json", "FieldBatch",
+__all__ = ["Field", "Image", "Mask", "Boxes", "Points", "Plan", "Int", "Float", "Array", "Bytes",
+           "Text", "Json", "FieldBatch",
            "Manifest"]
 
 # The dtypes an Array may have: torch's, by the name the engine reads.
@@ -127,6 +131,98 @@ class Mask(Field):
 
     def __repr__(self) -> str:
         return f"conveyor.Mask({self.keys!r}, follows={self.follows!r}, dtype={self.dtype!r})"
+
+
+def _follows(kind: str, follows: str) -> str:
+    if not isinstance(follows, str) or not follows:
+        raise ValueError(f"conveyor: {kind} follows an image field, named by a non-empty str, "
+                         f"not {follows!r}")
+    return follows
+
+
+class Boxes(Field):
+    """Boxes that follow the image field ``follows``: each sample's member is [N, 4] XYXY in the
+    upright image's pixels (an .npy of any real or integer dtype, a JSON list of
+    ``[x1, y1, x2, y2]`` lists, or a flat list of 4N numbers). Each box is mapped into the
+    image's output pixels (the crop's corner, the resize's scale, the flip), clipped to them, and
+    dropped when its clipped width or height is under ``min_size`` pixels (default 1, as
+    torchvision v2's ``SanitizeBoundingBoxes``) or when the view keeps less than
+    ``min_visibility`` of its area (default 0: no share required); the rows of the ``paired``
+    fields (ragged ``Array`` fields of one row per box: class labels) are dropped with it. Out: a
+    jagged float32 [B, N_i, 4] (``torch.nested``). A box outside its image, with x2 < x1 or
+    y2 < y1, or not finite, is the sample's error naming the field and the box. ``paired=()``
+    for boxes without labels; a paired field that a source lacks is refused."""
+
+    kind = "boxes"
+
+    def __init__(self, keys: str = "boxes.npy", follows: str = "image",
+                 paired: Sequence[str] = ("labels",), *, min_size: float = 1.0,
+                 min_visibility: float = 0.0, max_bytes: Optional[int] = None) -> None:
+        super().__init__(keys)
+        self.follows = _follows("Boxes", follows)
+        if isinstance(paired, str):
+            paired = (paired,)
+        self.paired = tuple(paired)
+        self.min_size = float(min_size)
+        self.min_visibility = float(min_visibility)
+        self.max_bytes = _max_bytes(max_bytes)
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.boxes(self.keys, self.follows, list(self.paired), self.min_size,
+                              self.min_visibility, self.max_bytes)
+
+    def __repr__(self) -> str:
+        return (f"conveyor.Boxes({self.keys!r}, follows={self.follows!r}, "
+                f"paired={self.paired!r}, min_size={self.min_size}, "
+                f"min_visibility={self.min_visibility})")
+
+
+class Points(Field):
+    """Points that follow the image field ``follows``: each sample's member is [N, 2] (x, y) or
+    [N, 3] (x, y, visibility) in the upright image's pixels (an .npy, a JSON list of lists, or
+    a flat JSON list of ``columns`` numbers per point: ``columns=3`` reads COCO's keypoints; a
+    flat list without ``columns`` is refused). Mapped as boxes are, never clipped. Out: a jagged
+    float32 [B, N_i, 3] whose third column is the member's visibility (1 for an [N, 2] member)
+    for a point inside the image's output (0 <= x <= S, 0 <= y <= S) and 0 outside it. A flip
+    mirrors x but does not swap left and right keypoints' identities (the ``Plan`` says which
+    samples were flipped)."""
+
+    kind = "points"
+
+    def __init__(self, keys: str = "points.npy", follows: str = "image", *,
+                 columns: Optional[int] = None, max_bytes: Optional[int] = None) -> None:
+        super().__init__(keys)
+        self.follows = _follows("Points", follows)
+        if columns not in (None, 2, 3):
+            raise ValueError(f"conveyor: Points columns must be 2, 3 or None, not {columns!r}")
+        self.columns = columns
+        self.max_bytes = _max_bytes(max_bytes)
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.points(self.keys, self.follows, self.columns or 0, self.max_bytes)
+
+    def __repr__(self) -> str:
+        return f"conveyor.Points({self.keys!r}, follows={self.follows!r}, columns={self.columns})"
+
+
+class Plan(Field):
+    """The plan of the image field ``follows`` for each sample (no member): int32 [B, V, 7], a
+    row per view of (x, y, w, h, flip, out_w, out_h): the source box in the upright image's
+    pixels, 1 when the view is mirrored, the output size. V is 1 today. For users who transform
+    their own annotations: source x maps to ``(x - x0) * out_w / w`` (then ``out_w - that`` when
+    flipped), y likewise."""
+
+    kind = "plan"
+
+    def __init__(self, follows: str = "image") -> None:
+        self.keys = ""
+        self.follows = _follows("Plan", follows)
+
+    def _cpp(self) -> "_C.Field":
+        return _C.Field.plan(self.follows)
+
+    def __repr__(self) -> str:
+        return f"conveyor.Plan(follows={self.follows!r})"
 
 
 class Int(Field):
@@ -227,14 +323,16 @@ def _cpp_fields(fields: Mapping[str, Field]) -> List[Tuple[str, "_C.Field"]]:
     """The fields for the engine, in the dict's order; checks names and kinds."""
     if not isinstance(fields, Mapping) or not fields:
         raise ValueError("conveyor: fields must be a non-empty dict of name -> conveyor field "
-                         "(conveyor.Image, Mask, Text, Json, Int, Float, Array, Bytes)")
+                         "(conveyor.Image, Mask, Boxes, Points, Plan, Text, Json, Int, Float, "
+                         "Array, Bytes)")
     out = []
     for name, field in fields.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"conveyor: a field's name must be a non-empty str, not {name!r}")
         if not isinstance(field, Field):
             raise ValueError(f"conveyor: field {name!r} must be a conveyor field "
-                             f"(conveyor.Image, Mask, Text, Json, Int, Float, Array, Bytes), "
+                             f"(conveyor.Image, Mask, Boxes, Points, Plan, Text, Json, Int, "
+                             f"Float, Array, Bytes), "
                              f"not {type(field).__name__}")
         out.append((name, field._cpp()))
     return out

@@ -59,7 +59,22 @@ void bind_fields(py::module_& m) {
           [](std::string keys, std::string follows, const std::string& dtype) {
             return Field::mask(std::move(keys), std::move(follows), dtype_named(dtype));
           },
-          py::arg("keys"), py::arg("follows"), py::arg("dtype"));
+          py::arg("keys"), py::arg("follows"), py::arg("dtype"))
+      .def_static(
+          "boxes",
+          [](std::string keys, std::string follows, std::vector<std::string> paired,
+             double min_size, double min_visibility, size_t max_bytes) {
+            BoxRule rule;
+            rule.min_size = min_size;
+            rule.min_visibility = min_visibility;
+            return Field::boxes(std::move(keys), std::move(follows), std::move(paired), rule,
+                                max_bytes);
+          },
+          py::arg("keys"), py::arg("follows"), py::arg("paired"), py::arg("min_size"),
+          py::arg("min_visibility"), py::arg("max_bytes"))
+      .def_static("points", &Field::points, py::arg("keys"), py::arg("follows"), py::arg("columns"),
+                  py::arg("max_bytes"))
+      .def_static("plan", &Field::plan, py::arg("follows"));
 
   m.def(
       "manifest",

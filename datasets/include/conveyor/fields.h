@@ -31,12 +31,24 @@
 //            indices are the class ids, never colours), cut with the image's crop box, resized
 //            nearest-neighbour to the image's output size and flipped with it: [S,S] of dtype
 //            uint8 (the default) or int32 (needed for a 16-bit mask). See conveyor/image_plan.h.
+//   boxes    boxes that follow an image field: [N, 4] XYXY in the upright image's pixels (an
+//            .npy of any real or integer dtype, a JSON list of [x1, y1, x2, y2] lists or a flat
+//            list of 4N numbers), mapped into the view's output pixels, clipped to it, mirrored
+//            with it; a box the BoxRule drops takes the rows of its `paired` fields (ragged
+//            arrays: its class labels) with it. Ragged float32 [N_i, 4] (conveyor/geometry.h).
+//   points   points that follow an image field: [N, 2] (x, y) or [N, 3] (x, y, visibility),
+//            mapped as boxes are and never clipped; a point outside the view gets visibility 0,
+//            a point inside keeps its own (1 for an [N, 2] member). Ragged float32 [N_i, 3].
+//   plan     no member: the image field's plan for the sample, a row per view of x, y, width,
+//            height, flip (0 or 1), out_width, out_height: int32 [V, 7] (V = 1 today).
 // A ragged field (bytes, text, json, an array with a varying first dimension) holds at most
 // `max_bytes` bytes per sample (0: the kind's default, kDefaultMaxBytes); the batch slots are
 // sized from it once, so memory is bounded whatever the data.
 //
-// Requires: field names unique and non-empty, 1 to 16 fields; a mask's `follows` names an image
-// field of the same source (std::invalid_argument otherwise). A field that follows an image is
+// Requires: field names unique and non-empty, 1 to 16 fields; a mask's (boxes', points', a
+// plan's) `follows` names an image field of the same source; a boxes field's `paired` names
+// ragged array fields of the same source, each paired with one boxes field at most
+// (std::invalid_argument otherwise). A field that follows an image is
 // written after it, whatever the declared order, from the plan the image's writer published for
 // the sample (conveyor/image_plan.h). Guarantees: a sample that lacks a
 // field's member, or whose member does not fit the field (not decimal text, not UTF-8, malformed
@@ -67,11 +79,36 @@ namespace conveyor {
 namespace detail {
 struct Member;
 struct SampleMembers;
+struct KeptRows;
 }  // namespace detail
+
+// When a box that a view cuts is dropped (Field::boxes; the arithmetic: conveyor/geometry.h).
+struct BoxRule {
+  // The least width and height, in the view's output pixels, of the box after clipping to the
+  // view. Default 1: torchvision v2's SanitizeBoundingBoxes' min_size=1 (whose min_area=1 then
+  // holds too).
+  double min_size = 1.0;
+  // The least share (0..1) of the box's mapped area that the view keeps after clipping. Default 0
+  // (no share required), as in SanitizeBoundingBoxes (which has no such rule) and Albumentations'
+  // min_visibility; 0.25, say, drops a person cut down to its feet.
+  double min_visibility = 0.0;
+};
 
 // One field of a sample: its kind, where it comes from, and its shape in the batch.
 struct Field {
-  enum class Kind { kImage, kInteger, kFloating, kArray, kBytes, kText, kJson, kMask };
+  enum class Kind {
+    kImage,
+    kInteger,
+    kFloating,
+    kArray,
+    kBytes,
+    kText,
+    kJson,
+    kMask,
+    kBoxes,
+    kPoints,
+    kPlan
+  };
   // The default max_bytes of a ragged field (bytes, text, json, a ragged array): 64 KiB.
   static constexpr size_t kDefaultMaxBytes = size_t{1} << 16;
   // The deepest nesting of a json field's arrays and objects.
@@ -84,10 +121,18 @@ struct Field {
   std::string keys;
   ImageTransform transform;                        // kImage
   c10::ScalarType dtype = c10::ScalarType::Float;  // kArray, kMask: the element type
-  std::string follows;         // kMask: the name of the image field whose geometry it follows
+  // kMask, kBoxes, kPoints, kPlan: the name of the image field whose geometry it follows.
+  std::string follows;
   std::vector<int64_t> shape;  // kArray: the sample's shape; [0] may be -1 (ragged)
   bool multi_hot = false;      // kArray, 1-d: the member lists indices
   size_t max_bytes = 0;        // ragged kinds: per sample; 0: kDefaultMaxBytes
+  BoxRule box_rule;            // kBoxes
+  // kBoxes: the fields whose rows are dropped with a dropped box (ragged arrays of one row per
+  // box: class labels, crowd flags, areas).
+  std::vector<std::string> paired;
+  // kPoints: the numbers per point of a flat JSON list (2: x, y; 3: x, y, visibility, as COCO's
+  // keypoints); 0 (the default): a flat list is refused (an .npy or a list of lists says it).
+  int point_columns = 0;
 
   // An image field's keys when none are given (ImageSource's "image", Python's conveyor.Image):
   // the members OpenCLIP reads, each decoded by its content (a PNG named .jpg is a PNG).
@@ -107,11 +152,22 @@ struct Field {
   static Field mask(std::string keys, std::string follows = "image",
                     c10::ScalarType dtype = c10::ScalarType::Byte);
 
+  // Boxes that follow image field `follows`, dropped by `rule` with the rows of `paired`.
+  static Field boxes(std::string keys, std::string follows = "image",
+                     std::vector<std::string> paired = {"labels"}, BoxRule rule = {},
+                     size_t max_bytes = 0);
+  // Points that follow image field `follows` (point_columns: see the member).
+  static Field points(std::string keys, std::string follows = "image", int point_columns = 0,
+                      size_t max_bytes = 0);
+  // The plan of image field `follows` for each sample (no member).
+  static Field plan(std::string follows = "image");
+
   // The batch's layout of this field, named `name`. Throws std::invalid_argument naming the
   // field for a description that cannot be laid out (no keys, a shape with a zero or negative
   // dimension other than a leading -1, multi_hot on a shape that is not 1-d, max_bytes smaller
   // than one item). A mask's shape is its image's: spec() takes that image field (`leader`),
-  // and throws for a mask without one, or with a leader that is not an image.
+  // and throws for a mask (or boxes, points, a plan) without one, or with a leader that is not
+  // an image.
   FieldSpec spec(const std::string& name, const Field* leader = nullptr) const;
   // The extensions (or the column) `keys` names, in order.
   std::vector<std::string> key_list() const;
@@ -273,6 +329,11 @@ class FieldSource : public SampleSource {
   std::vector<std::vector<std::string>> keys_;    // per field: Field::key_list()
   std::vector<std::optional<size_t>> leader_of_;  // per field: the image field it follows
   std::vector<size_t> write_order_;               // leaders before the fields that follow them
+  std::vector<std::vector<size_t>> paired_;       // per boxes field: the fields paired with it
+  // Drops the rows of field `paired`'s row that boxes field `boxes` dropped (its writer's
+  // published rows); throws naming both when their counts differ.
+  void keep_paired_rows(size_t boxes, size_t paired, const detail::KeptRows& kept,
+                        std::byte* row) const;
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 
