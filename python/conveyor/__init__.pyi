@@ -152,6 +152,8 @@ class Json(Bytes):
 
 class FieldBatch(Dict[str, Any]):
     indices: List[int]
+    repeats: List[int]
+    augment_params: Optional[Dict[str, Any]]
     epoch: int
     sequence: int
     def record_stream(self, stream: Any) -> None: ...
