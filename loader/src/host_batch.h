@@ -64,10 +64,10 @@ void copy_field(const SlotRing& ring, uint32_t slot, const std::vector<FieldSpec
 // A batch's description without its tensors: indices, epoch, sequence, field names.
 struct BatchHeader {
   std::vector<size_t> indices;
-  std::vector<uint32_t> repeats;  // empty: all 0
-  std::shared_ptr<const AugmentRecord> augment_params;
   uint64_t epoch = 0;
   size_t sequence = 0;
+  std::vector<uint32_t> repeats{};  // empty: all 0
+  std::shared_ptr<const AugmentRecord> augment_params{};
 };
 Batch empty_batch(const BatchHeader& header, const std::vector<FieldSpec>& fields);
 
