@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 
 #include "conveyor/augment.h"
+#include "mix.h"
 
 namespace conveyor {
 namespace {
@@ -139,6 +140,47 @@ TEST(MixUpCutMix, MixUpTargetsSumToOneAndImagesAreTheBlend) {
     const double want = mine == theirs ? on : on * lambda + off * (1 - lambda);
     EXPECT_NEAR(y[r][mine].item<float>(), want, 1e-6) << r;
   }
+}
+
+// The uint8 CPU fast path (a table of the rule's float32 results, one pass over row pairs)
+// against the rule written with ATen, on random batches (even and odd rows, CHW and HWC, all
+// 256 levels) and many lambdas, extreme ones included.
+TEST(MixUpCutMix, TheUint8FastPathIsBitIdenticalToTheFloatRule) {
+  at::manual_seed(7);
+  int checked = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t b = 1 + trial % 9;
+    const bool hwc = trial % 2 == 1;
+    const at::Tensor images = hwc ? at::randint(0, 256, {b, 12, 10, 3}, at::kByte)
+                                  : at::randint(0, 256, {b, 3, 12, 10}, at::kByte);
+    BatchFields batch;
+    batch.specs = {{"image", at::kByte,
+                    std::vector<int64_t>(images.sizes().begin() + 1, images.sizes().end())},
+                   {"label", at::kLong, {}}};
+    batch.tensors = {images.clone(), at::zeros({b}, at::kLong)};
+    const BatchContext ctx = context(static_cast<size_t>(b), 5, static_cast<size_t>(trial), 2);
+    const double alpha = trial < 20 ? 0.2 : trial < 40 ? 1.0 : 8.0;
+    apply_op(*mixup(alpha, 3), batch, ctx);
+    SampleRng rng = ctx.batch_rng();
+    const double lambda = augment_draws::beta(rng, alpha, alpha);
+    const at::Tensor x = images.to(at::kFloat);
+    const at::Tensor want = (x * lambda + x.flip(0) * (1.0 - lambda)).round().to(at::kByte);
+    ASSERT_TRUE(batch.tensors[0].equal(want)) << "trial " << trial << ", lambda " << lambda;
+    ++checked;
+  }
+  // Every pair of levels, at lambdas where float32 rounding ties are likeliest.
+  const at::Tensor levels = at::arange(256, at::kInt).to(at::kByte);
+  const at::Tensor a = levels.repeat_interleave(256), bb = levels.repeat(256);
+  for (const double lambda : {0.5, 0.25, 0.125, 0.1, 1.0 / 3, 0.999999, 1e-7, 0.0, 1.0}) {
+    at::Tensor images = at::stack({a.view({256, 256}), bb.view({256, 256})}).unsqueeze(1);
+    images = images.expand({2, 3, 256, 256}).contiguous();
+    const at::Tensor x = images.to(at::kFloat);
+    const at::Tensor want = (x * lambda + x.flip(0) * (1.0 - lambda)).round().to(at::kByte);
+    augment_detail::mix_with_flip(images, lambda);
+    EXPECT_TRUE(images.equal(want)) << "lambda " << lambda;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 69);
 }
 
 TEST(MixUpCutMix, CutMixWeightsAreThePastedAreaExactly) {

@@ -230,6 +230,7 @@ struct FillerRig {
     order.resize(n);
     for (size_t i = 0; i < n; ++i) order[i] = n - 1 - i;  // reversed: rows are not indices
     meta.indices.reserve(options.batch_size);
+    meta.repeats.reserve(options.batch_size);
     filler = std::make_unique<BatchFiller>(source, ring, options, order, generation);
   }
   static SlotRing::Options ring_options(const IndexSource& s, const LoaderOptions& o) {
@@ -246,7 +247,7 @@ struct FillerRig {
     EXPECT_EQ(slot, 0u);
     const size_t rows = std::min(options.batch_size, order.size() - sequence * options.batch_size);
     const size_t chunks = (rows + options.chunk_size - 1) / options.chunk_size;
-    meta.reset(sequence, generation.load(), /*epoch=*/3, rows, chunks);
+    meta.reset(sequence, generation.load(), /*epoch=*/3, rows, chunks, nullptr);
     return chunks;
   }
   int64_t row(size_t r) const {

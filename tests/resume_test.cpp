@@ -499,5 +499,159 @@ TEST(ResumeDistributed, TheSameWorldResumesEachRankBitExactly) {
   }
 }
 
+// --- Repeated augmentation (RASampler, issue 34): each sample drawn num_repeats times per epoch,
+// each draw its own crop; the draws spread over the ranks; resumable, elastically too.
+
+using Draw = std::pair<size_t, uint32_t>;  // (index, repeat)
+
+std::vector<Draw> draws_of(const Sampler& s, size_t n, uint64_t epoch, size_t consumed) {
+  std::vector<size_t> indices;
+  std::vector<uint32_t> repeats;
+  s.remaining_draws(n, epoch, consumed, indices, repeats);
+  EXPECT_EQ(indices.size(), repeats.size());
+  std::vector<Draw> out;
+  for (size_t i = 0; i < indices.size(); ++i) out.emplace_back(indices[i], repeats[i]);
+  return out;
+}
+
+TEST(RASampler, EachSampleIsDrawnKTimesSpreadOverTheRanksWithEqualShares) {
+  for (const auto& [n, world, k, round] : std::vector<std::tuple<size_t, size_t, uint32_t, size_t>>{
+           {40, 3, 3, 0}, {40, 1, 3, 0}, {100, 4, 4, 0}, {600, 2, 3, 256}, {37, 5, 2, 0}}) {
+    const std::string where = "n " + std::to_string(n) + ", world " + std::to_string(world) +
+                              ", k " + std::to_string(k) + ", round " + std::to_string(round);
+    const size_t selected = round == 0 ? n : n / round * round;
+    std::map<size_t, std::set<uint32_t>> repeats_of;
+    std::vector<std::vector<Draw>> ranks;
+    for (size_t r = 0; r < world; ++r) {
+      const RASampler s(r, world, k, true, 7, round);
+      ranks.push_back(draws_of(s, n, 2, 0));
+      EXPECT_EQ(ranks.back().size(), selected / world) << where << ": equal shares";
+      std::vector<size_t> plain;
+      s.indices(n, 2, plain);
+      EXPECT_EQ(plain.size(), ranks.back().size()) << where;
+      for (const auto& [index, repeat] : ranks.back()) {
+        EXPECT_LT(repeat, k) << where;
+        EXPECT_TRUE(repeats_of[index].insert(repeat).second)
+            << where << ": sample " << index << " repeat " << repeat << " drawn twice";
+      }
+    }
+    // The global order: entry p (rank p % world) is draw p % k of the permutation's p / k-th
+    // sample, so every sample but the last one taken has all k repeats.
+    size_t whole = 0;
+    for (const auto& [index, repeats] : repeats_of) whole += repeats.size() == k;
+    EXPECT_GE(whole + 1, repeats_of.size()) << where;
+    EXPECT_EQ(ranks[0][0].second, 0u) << where;
+    if (world > 1 && k > 1) {
+      EXPECT_EQ(ranks[1][0].first, ranks[0][0].first) << where << ": repeats on the next rank";
+      EXPECT_EQ(ranks[1][0].second, 1u) << where;
+    }
+  }
+  EXPECT_THROW(RASampler(0, 1, 0), std::invalid_argument);
+  EXPECT_THROW(RASampler(2, 2, 3), std::invalid_argument);
+}
+
+TEST(RASampler, EachRepeatOfAnImageGetsItsOwnCropAndRepeatZeroIsTheUnrepeatedDraw) {
+  TempDir dir;
+  testing::make_small_folder(dir.path(), {"a", "b"}, 6, 48, 40);  // 12 images
+  auto source = [&] { return ImageSource::image_folder(dir.path(), ImageTransform::train(24)); };
+  LoaderOptions o = config(2, 0);
+  o.batch_size = 6;
+  std::map<size_t, at::Tensor> unrepeated;  // the crop each index gets without repeats, epoch 0
+  {
+    DataLoader plain(source(), o, SequentialSampler::make());
+    for (Batch& b : plain) {
+      EXPECT_TRUE(b.repeats.empty());
+      for (size_t r = 0; r < b.size(); ++r) unrepeated[b.indices[r]] = b.images()[r].clone();
+    }
+  }
+  DataLoader repeated(source(), o, RASampler::make(0, 1, 3, true, 7, 0));
+  std::map<size_t, std::map<uint32_t, at::Tensor>> crops;
+  for (Batch& b : repeated) {
+    ASSERT_EQ(b.repeats.size(), b.size());
+    for (size_t r = 0; r < b.size(); ++r) crops[b.indices[r]][b.repeats[r]] = b.images()[r].clone();
+  }
+  ASSERT_EQ(crops.size(), 4u) << "12 draws: 4 samples, 3 repeats each";
+  for (const auto& [index, by_repeat] : crops) {
+    ASSERT_EQ(by_repeat.size(), 3u);
+    EXPECT_TRUE(by_repeat.at(0).equal(unrepeated.at(index)))
+        << "sample " << index << ": repeat 0 is the crop it gets unrepeated, bit for bit";
+    EXPECT_FALSE(by_repeat.at(0).equal(by_repeat.at(1))) << "sample " << index;
+    EXPECT_FALSE(by_repeat.at(1).equal(by_repeat.at(2))) << "sample " << index;
+    EXPECT_FALSE(by_repeat.at(0).equal(by_repeat.at(2))) << "sample " << index;
+  }
+}
+
+TEST(RASampler, EverySavePointResumesBitExactly) {
+  TempDir dir;
+  testing::make_small_folder(dir.path(), {"a", "b"}, 6, 48, 40);
+  auto source = [&] { return ImageSource::image_folder(dir.path(), ImageTransform::train(24)); };
+  auto sampler = [] { return RASampler::make(0, 1, 3, true, 7, 0); };
+  std::vector<Received> reference;
+  {
+    DataLoader loader(source(), config(2, 0), sampler());
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (Batch& b : loader) reference.push_back(copy_of(b));
+    }
+  }
+  const size_t per_epoch = reference.size() / 2;
+  ASSERT_EQ(per_epoch, 3u);
+  for (size_t k = 0; k <= per_epoch; ++k) {
+    std::string checkpoint;
+    {
+      DataLoader first(source(), config(1, 1), sampler());
+      if (k > 0) {
+        auto it = first.begin();
+        for (size_t i = 0; i + 1 < k; ++i) ++it;
+      }
+      checkpoint = save_to_string(first);
+    }
+    DataLoader resumed(source(), config(4, 1), sampler());
+    load_from_string(resumed, checkpoint);
+    expect_rest_of_run(resumed, reference, k, "saved after " + std::to_string(k) + " batches");
+  }
+  DataLoader three(source(), config(2, 0), sampler());
+  DataLoader four(source(), config(2, 0), RASampler::make(0, 1, 4, true, 7, 0));
+  EXPECT_THROW(load_from_string(four, save_to_string(three)), std::invalid_argument)
+      << "another num_repeats is refused";
+}
+
+TEST(RASampler, ThreeRanksSavedResumeOnTwoDrawingTheRestOfTheGlobalOrderOnce) {
+  const size_t n = 60;  // 20 draws per rank on 3 ranks: 5 batches of 4
+  std::vector<std::vector<Draw>> before(3), after(2);
+  std::vector<std::string> saved;
+  for (size_t r = 0; r < 3; ++r) {
+    DataLoader loader(std::make_shared<IndexSource>(n), config(2, 0),
+                      RASampler::make(r, 3, 3, true, 7, 0));
+    size_t received = 0;
+    for (Batch& b : loader) {
+      for (size_t i = 0; i < b.size(); ++i) before[r].emplace_back(b.indices[i], b.repeats[i]);
+      if (++received == 2) break;
+    }
+    saved.push_back(save_to_string(loader));
+  }
+  for (size_t r = 0; r < 2; ++r) {
+    DataLoader loader(std::make_shared<IndexSource>(n), config(2, 0),
+                      RASampler::make(r, 2, 3, true, 7, 0));
+    load_from_string(loader, saved[2]);
+    for (Batch& b : loader) {
+      for (size_t i = 0; i < b.size(); ++i) after[r].emplace_back(b.indices[i], b.repeats[i]);
+    }
+  }
+  EXPECT_EQ(after[0].size(), 18u);  // (60 - 24) / 2
+  EXPECT_EQ(after[1].size(), 18u);
+  // Together: the global order's first 60 draws (20 samples x 3 repeats), each exactly once.
+  std::vector<Draw> all;
+  for (const auto* side : {&before, &after})
+    for (const auto& rank : *side) all.insert(all.end(), rank.begin(), rank.end());
+  std::vector<Draw> want;
+  for (size_t r = 0; r < 3; ++r) {
+    const auto d = draws_of(RASampler(r, 3, 3, true, 7, 0), n, 0, 0);
+    want.insert(want.end(), d.begin(), d.end());
+  }
+  std::sort(all.begin(), all.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(all, want);
+}
+
 }  // namespace
 }  // namespace conveyor

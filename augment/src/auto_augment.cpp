@@ -196,16 +196,19 @@ class PolicyOp : public BatchOp {
     const auto [h, w] = augment_detail::image_size(batch, image_, name());
     const Table t = tables(h, w);
     augment_detail::for_each_image(
-        batch, image_, name(), ctx, [&](const at::Tensor& image, SampleRng& rng) {
+        batch, image_, name(), ctx, [&](const at::Tensor& image, SampleRng& rng, size_t r) {
           const std::vector<AugmentStep> s = steps(t, rng, h, w);
           if (s.empty()) return at::Tensor();
           at::Tensor out = image;
           for (const AugmentStep& step : s) {
             out = F::apply_augment_op(out, step.op, step.magnitude, interpolation_, fill_);
+            ctx.note(r, kind(), step.op.c_str(), step.magnitude);
           }
           return out;
         });
   }
+  // The op's short name, for the record (BatchContext::note).
+  virtual const char* kind() const = 0;
   virtual Table tables(int64_t h, int64_t w) const = 0;
   virtual std::vector<AugmentStep> steps(const Table& t, SampleRng& rng, int64_t h,
                                          int64_t w) const = 0;
@@ -225,6 +228,7 @@ class TrivialAugmentWide final : public PolicyOp {
  public:
   explicit TrivialAugmentWide(TrivialAugmentWideOptions o)
       : PolicyOp(o.image, o.interpolation, o.fill), bins_(o.num_magnitude_bins) {}
+  const char* kind() const override { return "TrivialAugmentWide"; }
   std::string name() const override {
     return "TrivialAugmentWide(num_magnitude_bins=" + std::to_string(bins_) + ", " +
            geometry_text() + ")";
@@ -246,6 +250,7 @@ class RandAugment final : public PolicyOp {
  public:
   explicit RandAugment(RandAugmentOptions o)
       : PolicyOp(o.image, o.interpolation, o.fill), o_(std::move(o)) {}
+  const char* kind() const override { return "RandAugment"; }
   std::string name() const override {
     std::ostringstream out;
     out << "RandAugment(num_ops=" << o_.num_ops << ", magnitude=" << o_.magnitude;
@@ -295,6 +300,7 @@ class RandAugment final : public PolicyOp {
 class AutoAugment final : public PolicyOp {
  public:
   explicit AutoAugment(const AutoAugmentOptions& o) : PolicyOp(o.image, o.interpolation, o.fill) {}
+  const char* kind() const override { return "AutoAugment"; }
   std::string name() const override {
     return "AutoAugment(policy=IMAGENET, " + geometry_text() + ")";
   }

@@ -29,7 +29,7 @@ class ColorJitter final : public BatchOp {
   }
   void apply(BatchFields& batch, const BatchContext& ctx) const override {
     augment_detail::for_each_image(
-        batch, o_.image, name(), ctx, [&](const at::Tensor& image, SampleRng& rng) {
+        batch, o_.image, name(), ctx, [&](const at::Tensor& image, SampleRng& rng, size_t r) {
           if (o_.p < 1 && rng.uniform(0, 1) >= o_.p) return at::Tensor();
           std::array<int, 4> order{0, 1, 2, 3};  // Fisher-Yates: torch.randperm(4)'s law
           for (int i = 3; i > 0; --i) std::swap(order[i], order[rng.randint(0, i + 1)]);
@@ -41,12 +41,16 @@ class ColorJitter final : public BatchOp {
           for (const int fn : order) {
             if (fn == 0 && !(o_.brightness_min == 1 && o_.brightness_max == 1)) {
               out = F::adjust_brightness(out, b);
+              ctx.note(r, "ColorJitter", "brightness", b);
             } else if (fn == 1 && !(o_.contrast_min == 1 && o_.contrast_max == 1)) {
               out = F::adjust_contrast(out, c);
+              ctx.note(r, "ColorJitter", "contrast", c);
             } else if (fn == 2 && !(o_.saturation_min == 1 && o_.saturation_max == 1)) {
               out = F::adjust_saturation(out, s);
+              ctx.note(r, "ColorJitter", "saturation", s);
             } else if (fn == 3 && !(o_.hue_min == 0 && o_.hue_max == 0)) {
               out = F::adjust_hue(out, h);
+              ctx.note(r, "ColorJitter", "hue", h);
             }
           }
           return out;
@@ -57,37 +61,43 @@ class ColorJitter final : public BatchOp {
   ColorJitterOptions o_;
 };
 
-// An op that, per sample with probability p, replaces the image by fn(image, rng).
+// An op that, per sample with probability p, replaces the image by fn(image, rng, note); `kind`
+// is its short name for the record, where fn notes what it drew (note(name, value)) and the op
+// notes "applied".
 template <class Fn>
 class PerSampleOp final : public BatchOp {
  public:
-  PerSampleOp(std::string name, std::string image, double p, Fn fn)
-      : name_(std::move(name)), image_(std::move(image)), p_(p), fn_(std::move(fn)) {}
+  PerSampleOp(const char* kind, std::string name, std::string image, double p, Fn fn)
+      : kind_(kind), name_(std::move(name)), image_(std::move(image)), p_(p), fn_(std::move(fn)) {}
   std::string name() const override { return name_; }
   std::vector<FieldSpec> out_fields(std::vector<FieldSpec> in) const override {
     image_layout(in[BatchFields{in, {}}.find(image_)], name_);
     return in;
   }
   void apply(BatchFields& batch, const BatchContext& ctx) const override {
-    augment_detail::for_each_image(batch, image_, name_, ctx,
-                                   [&](const at::Tensor& image, SampleRng& rng) {
-                                     if (rng.uniform(0, 1) >= p_) return at::Tensor();
-                                     return fn_(image, rng);
-                                   });
+    augment_detail::for_each_image(
+        batch, image_, name_, ctx, [&](const at::Tensor& image, SampleRng& rng, size_t r) {
+          if (rng.uniform(0, 1) >= p_) return at::Tensor();
+          ctx.note(r, kind_, "applied", 1);
+          return fn_(image, rng,
+                     [&](const char* what, double value) { ctx.note(r, kind_, what, value); });
+        });
   }
 
  private:
+  const char* kind_;
   std::string name_, image_;
   double p_;
   Fn fn_;
 };
 
 template <class Fn>
-std::shared_ptr<const BatchOp> per_sample_op(std::string name, std::string image, double p, Fn fn) {
+std::shared_ptr<const BatchOp> per_sample_op(const char* kind, std::string name, std::string image,
+                                             double p, Fn fn) {
   if (!(p >= 0 && p <= 1)) {
     throw std::invalid_argument("conveyor: " + name + " needs p in [0, 1]");
   }
-  return std::make_shared<const PerSampleOp<Fn>>(std::move(name), std::move(image), p,
+  return std::make_shared<const PerSampleOp<Fn>>(kind, std::move(name), std::move(image), p,
                                                  std::move(fn));
 }
 
@@ -113,8 +123,9 @@ std::shared_ptr<const BatchOp> color_jitter(ColorJitterOptions o) {
 std::shared_ptr<const BatchOp> random_grayscale(double p, std::string image) {
   std::ostringstream name;
   name << "RandomGrayscale(p=" << p << ")";
-  return per_sample_op(name.str(), std::move(image), p,
-                       [](const at::Tensor& x, SampleRng&) { return F::rgb_to_grayscale(x); });
+  return per_sample_op(
+      "RandomGrayscale", name.str(), std::move(image), p,
+      [](const at::Tensor& x, SampleRng&, const auto&) { return F::rgb_to_grayscale(x); });
 }
 
 std::shared_ptr<const BatchOp> gaussian_blur(GaussianBlurOptions o) {
@@ -128,12 +139,13 @@ std::shared_ptr<const BatchOp> gaussian_blur(GaussianBlurOptions o) {
   std::ostringstream name;
   name << "GaussianBlur(kernel_size=(" << k[0] << ", " << k[1] << "), sigma=(" << o.sigma_min
        << ", " << o.sigma_max << "), p=" << o.p << ")";
-  return per_sample_op(
-      name.str(), o.image, o.p,
-      [k, lo = o.sigma_min, hi = o.sigma_max](const at::Tensor& x, SampleRng& rng) {
-        const double sigma = rng.uniform(lo, hi);
-        return F::gaussian_blur(x, k, {sigma, sigma});
-      });
+  return per_sample_op("GaussianBlur", name.str(), o.image, o.p,
+                       [k, lo = o.sigma_min, hi = o.sigma_max](const at::Tensor& x, SampleRng& rng,
+                                                               const auto& note) {
+                         const double sigma = rng.uniform(lo, hi);
+                         note("sigma", sigma);
+                         return F::gaussian_blur(x, k, {sigma, sigma});
+                       });
 }
 
 std::shared_ptr<const BatchOp> random_solarize(double threshold, double p, std::string image) {
@@ -142,9 +154,10 @@ std::shared_ptr<const BatchOp> random_solarize(double threshold, double p, std::
   }
   std::ostringstream name;
   name << "RandomSolarize(threshold=" << threshold << ", p=" << p << ")";
-  return per_sample_op(
-      name.str(), std::move(image), p,
-      [threshold](const at::Tensor& x, SampleRng&) { return F::solarize(x, threshold); });
+  return per_sample_op("RandomSolarize", name.str(), std::move(image), p,
+                       [threshold](const at::Tensor& x, SampleRng&, const auto&) {
+                         return F::solarize(x, threshold);
+                       });
 }
 
 }  // namespace conveyor

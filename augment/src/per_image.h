@@ -10,7 +10,8 @@
 
 namespace conveyor::augment_detail {
 
-// `transform(image_chw, rng)`: row r's image and its stream, ctx.sample_rng(r).
+// `transform(image_chw, rng, r)`: row r's image, its stream (ctx.sample_rng(r)) and its number
+// (for ctx.note).
 template <class Transform>
 void for_each_image(BatchFields& batch, const std::string& field, const std::string& op,
                     const BatchContext& ctx, Transform&& transform) {
@@ -25,7 +26,7 @@ void for_each_image(BatchFields& batch, const std::string& field, const std::str
     at::Tensor row = images[static_cast<int64_t>(r)];
     if (!chw) row = row.permute({2, 0, 1});
     SampleRng rng = ctx.sample_rng(r);
-    const at::Tensor out = transform(static_cast<const at::Tensor&>(row), rng);
+    const at::Tensor out = transform(static_cast<const at::Tensor&>(row), rng, r);
     if (out.defined()) row.copy_(out);
   }
 }

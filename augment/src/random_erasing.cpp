@@ -38,6 +38,10 @@ class RandomErasing final : public BatchOp {
       SampleRng rng = ctx.sample_rng(r);
       const augment_draws::Box box = augment_draws::erasing_box(rng, h, w, o_);
       if (box.area() == 0) continue;
+      ctx.note(r, "RandomErasing", "x0", static_cast<double>(box.x0));
+      ctx.note(r, "RandomErasing", "y0", static_cast<double>(box.y0));
+      ctx.note(r, "RandomErasing", "x1", static_cast<double>(box.x1));
+      ctx.note(r, "RandomErasing", "y1", static_cast<double>(box.y1));
       at::Tensor region = images[static_cast<int64_t>(r)]
                               .narrow(hdim, box.y0, box.y1 - box.y0)
                               .narrow(hdim + 1, box.x0, box.x1 - box.x0);

@@ -1,7 +1,7 @@
 """The augmentation ops' CPU cost and torchvision's classification recipe (issue 34).
 
     PY=/path/to/venv/bin/python   # with conveyor installed, and torchvision for --recipe
-    $PY bench/python/augment_bench.py --ops [--batch 256 --size 224 --rounds 3]
+    $PY bench/python/augment_bench.py --ops [--batch 256 --size 224 --rounds 3] [--only TEXT]
     $PY bench/python/augment_bench.py --recipe [--data DIR] [--workers 2] [--rounds 3]
 
 Run with OMP_NUM_THREADS=1 on a shared machine: the ops make many small ATen calls per image, and
@@ -70,6 +70,8 @@ def ops_table(args):
         ("AutoAugment(IMAGENET)", aug.AutoAugment(), lambda: v2.AutoAugment()),
         ("RandomErasing(p=1)", aug.RandomErasing(p=1.0), lambda: v2.RandomErasing(p=1.0)),
         ("MixUpCutMix(0.8, 1.0)", aug.MixUpCutMix(num_classes=1000), None),
+        ("MixUp(0.8) (uint8 batch)", aug.MixUp(alpha=0.8, num_classes=1000), None),
+        ("CutMix(1.0) (uint8 batch)", aug.CutMix(alpha=1.0, num_classes=1000), None),
         ("Normalize (uint8 to float32)", aug.Normalize(), None),
     ]
     images = photo_like(args.batch, args.size)
@@ -79,6 +81,8 @@ def ops_table(args):
     print("| op | Conveyor ms/batch | torchvision v2 per image, ms/batch | torchvision / Conveyor |")
     print("|---|---|---|---|")
     for name, op, tv in ops:
+        if args.only and args.only not in name:
+            continue
         times = []
         for r in range(args.rounds):
             fields = {"image": images.clone(), "label": labels.clone()}
@@ -158,6 +162,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", action="store_true")
     parser.add_argument("--recipe", action="store_true")
+    parser.add_argument("--only", help="--ops: only the ops whose name contains this text")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--rounds", type=int, default=3)

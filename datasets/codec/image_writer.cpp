@@ -177,7 +177,7 @@ void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& 
   const bool swapped = header.orientation >= 5;  // displayed with width and height exchanged
   const int width = swapped ? header.height : header.width;
   const int height = swapped ? header.width : header.height;
-  s.last_plan = plan_image(s.transform, width, height, ctx.seed, ctx.epoch, ctx.index);
+  s.last_plan = plan_image(s.transform, width, height, ctx.draw_seed(), ctx.epoch, ctx.index);
   const ViewPlan& view = s.last_plan.views.front();
   const CropBox box{view.x, view.y, view.width, view.height, view.flip};
   const CropBox src_box = stored_box(box, header.orientation, width, height);

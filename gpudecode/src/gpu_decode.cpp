@@ -337,9 +337,10 @@ GpuDecodeResult GpuCropDecoder::decode(const GpuJpeg* images, size_t count, uint
       }
       // The geometry is plan_image's (conveyor/image_plan.h), as on the CPU; plan_crop executes
       // its one view.
-      const ViewPlan view = plan_image(t, static_cast<int>(width), static_cast<int>(height),
-                                       image.context.seed, image.context.epoch, image.context.index)
-                                .views.front();
+      const ViewPlan view =
+          plan_image(t, static_cast<int>(width), static_cast<int>(height),
+                     image.context.draw_seed(), image.context.epoch, image.context.index)
+              .views.front();
       const CropPlan plan =
           gpudecode::plan_crop(static_cast<int>(width), static_cast<int>(height), view.x, view.y,
                                view.width, view.height, view.flip, t.size, t.dct_scales, hwc);

@@ -8,17 +8,26 @@
 
 namespace conveyor::detail {
 
-void SlotMeta::reset(size_t seq, uint64_t gen, uint64_t ep, size_t rows, size_t jobs) {
-  CONVEYOR_DEBUG_CHECK(rows <= indices.capacity(), "a batch fits the reserved rows");
+void SlotMeta::reset(size_t seq, uint64_t gen, uint64_t ep, size_t rows, size_t jobs,
+                     const uint32_t* row_repeats) {
+  CONVEYOR_DEBUG_CHECK(rows <= indices.capacity() && rows <= repeats.capacity(),
+                       "a batch fits the reserved rows");
   sequence = seq;
   generation = gen;
   epoch = ep;
   indices.resize(rows);  // within the reserved capacity: no allocation
+  repeated = row_repeats != nullptr;
+  if (repeated) {
+    repeats.assign(row_repeats, row_repeats + rows);
+  } else {
+    repeats.assign(rows, 0);
+  }
   cancelled.store(false, std::memory_order_relaxed);
   failed_row.store(kNoFailure, std::memory_order_relaxed);
   error = nullptr;
   stage_error = nullptr;
   transformed.clear();
+  augment_params.reset();
   // Release: a worker that sees the job (queued after this) sees all of the above.
   remaining.store(jobs, std::memory_order_release);
 }
@@ -143,7 +152,7 @@ void BatchFiller::record_failure(SlotMeta& meta, size_t row, size_t index,
 
 bool BatchFiller::write_with_policy(size_t worker, size_t row, size_t index, std::byte* const* rows,
                                     SlotMeta& meta) {
-  SampleContext ctx{worker, index, options_.seed, meta.epoch};
+  SampleContext ctx{worker, index, options_.seed, meta.epoch, meta.repeats[row]};
   try {
     source_.write_sample(ctx, rows);
     meta.indices[row] = index;

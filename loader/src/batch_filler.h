@@ -52,7 +52,11 @@ struct SlotMeta {
   size_t sequence = 0;
   uint64_t generation = 0;
   uint64_t epoch = 0;
-  std::vector<size_t> indices;       // one per row; reserved to batch_size once: never reallocates
+  std::vector<size_t> indices;  // one per row; reserved to batch_size once: never reallocates
+  // Each row's repeat number (Sampler::remaining_draws), consumer-written at dispatch; reserved
+  // to batch_size once like `indices`. `repeated` is false when every row is repeat 0.
+  std::vector<uint32_t> repeats;
+  bool repeated = false;
   std::atomic<size_t> remaining{0};  // jobs not finished
   // GPU decode: whether the rows were routed (false: every row is the CPU's, `route` unused), each
   // row's decoder (consumer-written), and for a row routed to the GPU the row of the slot's device
@@ -74,11 +78,14 @@ struct SlotMeta {
   // place), or the stage's failure.
   std::vector<at::Tensor> transformed;
   std::exception_ptr stage_error;
+  std::shared_ptr<const AugmentRecord> augment_params;  // the stage's record, when recording
 
   bool failed() const { return failed_row.load() != kNoFailure; }
   // Prepares the meta for a new batch of `rows` rows in `jobs` jobs (consumer, before queuing;
-  // with GPU decode, after writing `route`).
-  void reset(size_t sequence, uint64_t generation, uint64_t epoch, size_t rows, size_t jobs);
+  // with GPU decode, after writing `route`). `repeats`: the rows' repeat numbers, or null when
+  // every row is repeat 0.
+  void reset(size_t sequence, uint64_t generation, uint64_t epoch, size_t rows, size_t jobs,
+             const uint32_t* repeats);
 };
 
 // The samples skipped under ErrorPolicy::kSkip: a count and the first kMaxRecords records.

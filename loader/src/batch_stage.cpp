@@ -7,8 +7,8 @@
 namespace conveyor::detail {
 
 BatchStage::BatchStage(std::shared_ptr<const BatchOp> op, const std::vector<FieldSpec>& fields,
-                       uint64_t seed)
-    : op_(std::move(op)), seed_(seed) {
+                       uint64_t seed, bool record)
+    : op_(std::move(op)), seed_(seed), record_(record) {
   for (const FieldSpec& f : fields) {
     sees_.push_back(!f.ragged() && !f.host_only);
     if (sees_.back()) in_.push_back(f);
@@ -28,8 +28,10 @@ BatchStage::BatchStage(std::shared_ptr<const BatchOp> op, const std::vector<Fiel
   }
 }
 
-void BatchStage::run(std::vector<at::Tensor>& tensors, const std::vector<size_t>& indices,
-                     uint64_t epoch, size_t sequence) const {
+std::shared_ptr<const AugmentRecord> BatchStage::run(std::vector<at::Tensor>& tensors,
+                                                     const std::vector<size_t>& indices,
+                                                     const std::vector<uint32_t>& repeats,
+                                                     uint64_t epoch, size_t sequence) const {
   BatchFields batch;
   batch.specs = in_;
   for (size_t f = 0; f < tensors.size(); ++f) {
@@ -40,11 +42,19 @@ void BatchStage::run(std::vector<at::Tensor>& tensors, const std::vector<size_t>
   ctx.epoch = epoch;
   ctx.sequence = sequence;
   ctx.indices = indices;
+  ctx.repeats = repeats;
+  std::shared_ptr<AugmentRecord> record;
+  if (record_) {
+    record = std::make_shared<AugmentRecord>();
+    record->rows.resize(indices.size());
+    ctx.record = record.get();
+  }
   apply_op(*op_, batch, ctx);
   size_t i = 0;
   for (size_t f = 0; f < tensors.size(); ++f) {
     if (sees_[f]) tensors[f] = std::move(batch.tensors[i++]);
   }
+  return record;
 }
 
 namespace {

@@ -29,20 +29,25 @@ namespace conveyor::detail {
 class BatchStage {
  public:
   // Throws std::invalid_argument naming the op when the pipeline cannot take `fields`.
-  BatchStage(std::shared_ptr<const BatchOp> op, const std::vector<FieldSpec>& fields,
-             uint64_t seed);
+  BatchStage(std::shared_ptr<const BatchOp> op, const std::vector<FieldSpec>& fields, uint64_t seed,
+             bool record = false);
   // Whether the ops see field f (fixed, not host_only).
   bool sees(size_t f) const { return sees_[f]; }
   // Runs the pipeline on `tensors` (one per field; those it does not see are left alone), in
   // place or replacing tensors. Throws BatchTransformError naming the op and the batch.
-  void run(std::vector<at::Tensor>& tensors, const std::vector<size_t>& indices, uint64_t epoch,
-           size_t sequence) const;
+  // `repeats`: the rows' repeat numbers (empty: all 0). Returns what the ops drew when the stage
+  // records (record_augment_params), else null.
+  std::shared_ptr<const AugmentRecord> run(std::vector<at::Tensor>& tensors,
+                                           const std::vector<size_t>& indices,
+                                           const std::vector<uint32_t>& repeats, uint64_t epoch,
+                                           size_t sequence) const;
 
  private:
   std::shared_ptr<const BatchOp> op_;
   std::vector<FieldSpec> in_;  // the fields the ops see, as the source gives them
   std::vector<bool> sees_;
   uint64_t seed_;
+  bool record_;
 };
 
 // A batch's fence once the stage's ops ran after its copy on `stream` (a CUDA stream): a stream

@@ -78,12 +78,12 @@ void DeviceStager::stage(Batch batch, const std::vector<at::Tensor>& host,
       const std::optional<c10::Stream> side = engine_->stream();
       if (side) {
         const c10::StreamGuard on_side(*side);  // the ops queue after the copy
-        batch_stage_->run(b.fields, b.indices, b.epoch, b.sequence);
+        b.augment_params = batch_stage_->run(b.fields, b.indices, b.repeats, b.epoch, b.sequence);
         b.copy_fence = fence_after_stage(std::move(b.copy_fence), *side);
       } else {
         const CopyFence& fence = *b.copy_fence;
         fence.use_on(fence.current_stream(), fenced_tensors(b, fence.current_stream()));
-        batch_stage_->run(b.fields, b.indices, b.epoch, b.sequence);
+        b.augment_params = batch_stage_->run(b.fields, b.indices, b.repeats, b.epoch, b.sequence);
       }
     }
   } catch (...) {  // the engine hands the slot back through on_finished

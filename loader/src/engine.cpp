@@ -57,8 +57,8 @@ void DataLoader::Impl::build() {
     ring.cuda_device = copy_engine->device().index();
   }
   if (options_.batch_transform) {  // throws for a pipeline that cannot take the fields
-    batch_stage_ = std::make_shared<const detail::BatchStage>(options_.batch_transform, fields_,
-                                                              options_.seed);
+    batch_stage_ = std::make_shared<const detail::BatchStage>(
+        options_.batch_transform, fields_, options_.seed, options_.record_augment_params);
   }
   shared_ = std::make_shared<detail::SharedRing>(std::move(ring));
   const std::string ring_mode = std::string(shared_->ring.is_pinned() ? "pinned" : "pageable") +
@@ -79,6 +79,7 @@ void DataLoader::Impl::build() {
   for (size_t i = 0; i < options_.slots; ++i) {
     meta_.push_back(std::make_unique<detail::SlotMeta>());
     meta_.back()->indices.reserve(options_.batch_size);
+    meta_.back()->repeats.reserve(options_.batch_size);
   }
   // GPU decode's threads read samples as more workers.
   const bool gpu_wanted = options_.gpu_decode.mode != GpuDecode::Mode::kOff;
@@ -207,7 +208,8 @@ void DataLoader::Impl::transform_on_worker(uint32_t slot, detail::SlotMeta& meta
     const detail::SlotTensors views =
         detail::slot_views(shared_->ring, slot, fields_, rows, options_.batch_size);
     std::vector<at::Tensor> tensors = views.fields;
-    batch_stage_->run(tensors, meta.indices, meta.epoch, meta.sequence);
+    meta.augment_params =
+        batch_stage_->run(tensors, meta.indices, meta.repeats, meta.epoch, meta.sequence);
     meta.transformed.resize(fields_.size());
     for (size_t f = 0; f < fields_.size(); ++f) {
       if (batch_stage_->sees(f) && !tensors[f].is_same(views.fields[f])) {
@@ -216,6 +218,7 @@ void DataLoader::Impl::transform_on_worker(uint32_t slot, detail::SlotMeta& meta
     }
   } catch (...) {  // BatchTransformError, or an allocation that failed around it
     meta.transformed.clear();
+    meta.augment_params.reset();
     meta.stage_error = std::current_exception();
   }
   transform_ns_.fetch_add(static_cast<uint64_t>(
@@ -226,7 +229,7 @@ void DataLoader::Impl::transform_on_worker(uint32_t slot, detail::SlotMeta& meta
 // Consumer: dispatch, collect, cancel
 
 DataLoader::Impl::EpochStart DataLoader::Impl::next_epoch_start() const {
-  EpochStart start{next_epoch_ ? *next_epoch_ : started_ ? epoch_ + 1 : epoch_, 0, 0, {}};
+  EpochStart start{next_epoch_ ? *next_epoch_ : started_ ? epoch_ + 1 : epoch_, 0, 0, {}, {}};
   const size_t n = source_->size();
   if (resume_) {
     const Position& r = *resume_;
@@ -242,10 +245,11 @@ DataLoader::Impl::EpochStart DataLoader::Impl::next_epoch_start() const {
       }
     }
   }
-  if (start.base == 0) {
-    sampler_->indices(n, start.epoch, start.order);
-  } else {
-    sampler_->remaining_indices(n, start.epoch, start.base, start.order);
+  sampler_->remaining_draws(n, start.epoch, start.base, start.order, start.repeats);
+  if (!start.repeats.empty() && start.repeats.size() != start.order.size()) {
+    throw std::logic_error("conveyor: the sampler gave " + std::to_string(start.repeats.size()) +
+                           " repeat numbers for " + std::to_string(start.order.size()) +
+                           " indices");
   }
   return start;
 }
@@ -273,6 +277,7 @@ void DataLoader::Impl::start_epoch() {
   started_ = true;
   order_base_ = start.base;
   order_.swap(order);  // no batch is dispatched now, so no worker reads order_
+  order_repeats_.swap(start.repeats);
   num_batches_ = batches_of(order_.size());
   if (start.base == 0) epoch_batches_.emplace(epoch, num_batches_);
   ++runs_;
@@ -303,14 +308,15 @@ void DataLoader::Impl::dispatch(uint32_t slot) {
   const size_t rows = std::min(order_.size() - first, options_.batch_size);
   const size_t chunks = (rows + options_.chunk_size - 1) / options_.chunk_size;
   detail::SlotMeta& meta = *meta_[slot];
+  const uint32_t* repeats = order_repeats_.empty() ? nullptr : &order_repeats_[first];
   if (!gpu_) {
-    meta.reset(sequence, generation_.load(), epoch_, rows, chunks);
+    meta.reset(sequence, generation_.load(), epoch_, rows, chunks, repeats);
     jobs_.push_batch(slot, chunks);  // after the meta: a worker that pops a job sees it
     return;
   }
   // GPU decode: each chunk has a job for each decoder it has rows for.
   const size_t jobs = gpu_->route(meta, &order_[first], rows, epoch_);
-  meta.reset(sequence, generation_.load(), epoch_, rows, jobs);
+  meta.reset(sequence, generation_.load(), epoch_, rows, jobs, repeats);
   jobs_.push_some(slot, chunks, [this](size_t c) { return gpu_->has_cpu_rows(c); });
   gpu_->jobs().push_some(slot, chunks, [this](size_t c) { return gpu_->has_gpu_rows(c); });
 }

@@ -178,6 +178,7 @@ class DataLoader::Impl {
     size_t base;
     size_t first_batch;
     std::vector<size_t> order;
+    std::vector<uint32_t> repeats;  // order's repeat numbers; empty: all 0
   };
   EpochStart next_epoch_start() const;
 
@@ -205,6 +206,7 @@ class DataLoader::Impl {
   detail::IndexQueue completed_;         // slots whose batch's last chunk is done
   std::atomic<uint64_t> generation_{0};  // changes when an epoch starts or is cancelled
   std::vector<size_t> order_;            // the epoch's sampler order
+  std::vector<uint32_t> order_repeats_;  // its entries' repeat numbers; empty: all 0
   std::unique_ptr<detail::BatchFiller> filler_;
   detail::WorkerGate gate_;  // parks the workers above the active count (kAutoWorkers)
 

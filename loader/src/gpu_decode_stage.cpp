@@ -351,7 +351,8 @@ void GpuDecodeStage::read_images(DecodeThread& t) {
     size_t position = k.first;  // the job's next device row
     for (size_t r = k.first; r < k.last; ++r) {
       if (meta.route[r] != Decoder::kGpu) continue;
-      const SampleContext context{t.worker, order_[base + r], options_.seed, meta.epoch};
+      const SampleContext context{t.worker, order_[base + r], options_.seed, meta.epoch,
+                                  meta.repeats[r]};
       filler_.row_pointers(k.job.slot, r, fields.data());
       try {
         const SampleSource::Encoded encoded =

@@ -44,7 +44,8 @@ std::exception_ptr DataLoader::Impl::take_failure(uint32_t slot) {
 
 detail::BatchHeader DataLoader::Impl::header(uint32_t slot) const {
   const detail::SlotMeta& meta = *meta_[slot];
-  return {meta.indices, meta.epoch, meta.sequence};
+  return {meta.indices, meta.epoch, meta.sequence,
+          meta.repeated ? meta.repeats : std::vector<uint32_t>{}, meta.augment_params};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ void copy_field(const SlotRing& ring, uint32_t slot, const std::vector<FieldSpec
 Batch empty_batch(const BatchHeader& header, const std::vector<FieldSpec>& fields) {
   Batch batch;
   batch.indices = header.indices;
+  batch.repeats = header.repeats;
+  batch.augment_params = header.augment_params;
   batch.epoch = header.epoch;
   batch.sequence = header.sequence;
   batch.names.reserve(fields.size());

@@ -66,6 +66,8 @@ struct BatchHeader {
   std::vector<size_t> indices;
   uint64_t epoch = 0;
   size_t sequence = 0;
+  std::vector<uint32_t> repeats{};  // empty: all 0
+  std::shared_ptr<const AugmentRecord> augment_params{};
 };
 Batch empty_batch(const BatchHeader& header, const std::vector<FieldSpec>& fields);
 

@@ -37,7 +37,7 @@ from .datasets import (Dataset, FileList, ImageFolder, JpegBytes, Manifest,  # n
 from .fields import (Array, Boxes, Bytes, Field, FieldBatch, Float, Image, Int, Json,  # noqa: E402
                      Mask, Plan, Points, Text)
 from .loader import Batch, DataLoader  # noqa: E402
-from .samplers import (DistributedSampler, RandomSampler, Sampler,  # noqa: E402
+from .samplers import (DistributedSampler, RandomSampler, RASampler, Sampler,  # noqa: E402
                        SequentialSampler)
 from .transforms import (ALL_DCT_SCALES, FULL_DCT_SCALE, SIMD_DCT_SCALES,  # noqa: E402
                          RandomResizedCrop, Resize, ResizeCenterCrop, Transform,
@@ -92,7 +92,7 @@ __all__ = [
     "PatternDataset", "expand_shard_braces", "Manifest", "UserDataset", "from_dataset",
     "Field", "Image", "Mask", "Boxes", "Points", "Plan", "Int", "Float", "Array", "Bytes", "Text",
     "Json", "FieldBatch",
-    "Sampler", "SequentialSampler", "RandomSampler", "DistributedSampler",
+    "Sampler", "SequentialSampler", "RandomSampler", "DistributedSampler", "RASampler",
     "Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "train_transform",
     "eval_transform", "SIMD_DCT_SCALES", "FULL_DCT_SCALE", "ALL_DCT_SCALES",
     "normalize", "generate_image_folder", "make_photo_jpeg", "cuda_available",

@@ -173,6 +173,8 @@ class Json(Bytes):
 
 class FieldBatch(Dict[str, Any]):
     indices: List[int]
+    repeats: List[int]
+    augment_params: Optional[Dict[str, Any]]
     epoch: int
     sequence: int
     def record_stream(self, stream: Any) -> None: ...
@@ -222,10 +224,24 @@ class DistributedSampler(Sampler):
                  drop_last: bool = ...) -> None: ...
     def set_epoch(self, epoch: int) -> None: ...
 
+class RASampler(Sampler):
+    num_replicas: int
+    rank: int
+    shuffle: bool
+    num_repeats: int
+    seed: Optional[int]
+    selected_round: int
+    def __init__(self, dataset: Any = ..., num_replicas: Optional[int] = ...,
+                 rank: Optional[int] = ..., shuffle: bool = ..., num_repeats: int = ..., *,
+                 seed: Optional[int] = ..., selected_round: int = ...) -> None: ...
+    def set_epoch(self, epoch: int) -> None: ...
+
 # --- the loader ----------------------------------------------------------------------------------
 class Batch(Tuple[torch.Tensor, ...]):
     names: Tuple[str, ...]
     indices: List[int]
+    repeats: List[int]
+    augment_params: Optional[Dict[str, Any]]
     epoch: int
     sequence: int
     def field(self, name: str) -> torch.Tensor: ...
@@ -249,7 +265,8 @@ class DataLoader:
                  device: Union[str, torch.device, None] = ..., on_error: str = ...,
                  max_substitutes: int = ..., slots: int = ..., chunk_size: int = ...,
                  gpu_decode: Union[str, float] = ...,
-                 batch_transform: Optional[augment.BatchTransform] = ...) -> None: ...
+                 batch_transform: Optional[augment.BatchTransform] = ...,
+                 record_augment_params: bool = ...) -> None: ...
     def __iter__(self) -> Iterator[Batch]: ...
     def __len__(self) -> int: ...
     def set_epoch(self, epoch: int) -> None: ...

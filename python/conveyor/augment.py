@@ -245,12 +245,17 @@ def augment_steps(transform: BatchTransform, seed: int, count: int, height: int,
 
 
 def apply(transform: BatchTransform, fields: dict, *, seed: int = 0, epoch: int = 0,
-          sequence: int = 0, indices: Optional[Sequence[int]] = None) -> dict:
+          sequence: int = 0, indices: Optional[Sequence[int]] = None,
+          repeats: Optional[Sequence[int]] = None, record: bool = False):
     """Runs ``transform`` on one batch outside a loader, as a loader with ``seed`` would on the
-    batch ``sequence`` of ``epoch`` whose rows are the dataset's ``indices`` (default 0..B-1):
-    ``fields`` maps names to tensors [B, ...] (uint8 "image" [B, 3, H, W] or [B, H, W, 3], int64
-    "label" [B], ...); returns the new dict. The tensors may be changed in place."""
+    batch ``sequence`` of ``epoch`` whose rows are the dataset's ``indices`` (default 0..B-1)
+    and draws ``repeats`` (RASampler's repeat numbers; default all 0): ``fields`` maps names to
+    tensors [B, ...] (uint8 "image" [B, 3, H, W] or [B, H, W, 3], int64 "label" [B], ...);
+    returns the new dict. The tensors may be changed in place. With ``record``, returns
+    ``(fields, params)``, params what the ops drew, as ``Batch.augment_params`` gives it."""
     rows = next(iter(fields.values())).shape[0]
     idx = list(range(rows)) if indices is None else [int(i) for i in indices]
-    return _C.augment.apply(op_of(transform), dict(fields), int(seed), int(epoch), int(sequence),
-                            idx)
+    reps = [] if repeats is None else [int(r) for r in repeats]
+    out, params = _C.augment.apply(op_of(transform), dict(fields), int(seed), int(epoch),
+                                   int(sequence), idx, reps, bool(record))
+    return (out, params) if record else out

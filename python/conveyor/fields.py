@@ -341,9 +341,13 @@ def _cpp_fields(fields: Mapping[str, Field]) -> List[Tuple[str, "_C.Field"]]:
 class FieldBatch(dict):
     """One batch of a dataset made with ``fields=``: a dict keyed by field name (see the
     module's text for each kind's type). Attributes: ``indices`` (the dataset index of each row,
-    substitutes under on_error="skip" included), ``epoch``, ``sequence``."""
+    substitutes under on_error="skip" included), ``repeats`` (each row's repeat number under
+    RASampler, else 0), ``augment_params`` (as ``Batch.augment_params``), ``epoch``,
+    ``sequence``."""
 
     indices: List[int]
+    repeats: List[int]
+    augment_params: Optional[dict]
     epoch: int
     sequence: int
     _fence: Any = None
@@ -373,8 +377,9 @@ def _rows(values: torch.Tensor, offsets: torch.Tensor) -> List[bytes]:
 
 
 def make_field_batch(kinds: Mapping[str, Field], raw) -> FieldBatch:
-    """A FieldBatch from the engine's (tensors, offsets, names, indices, epoch, sequence, fence)."""
-    tensors, offsets, names, indices, epoch, sequence, fence = raw
+    """A FieldBatch from the engine's (tensors, offsets, names, indices, epoch, sequence, fence,
+    repeats, augment_params)."""
+    tensors, offsets, names, indices, epoch, sequence, fence, repeats, augment_params = raw
     batch = FieldBatch()
     device_tensors = []
     for tensor, offset, name in zip(tensors, offsets, names):
@@ -395,6 +400,8 @@ def make_field_batch(kinds: Mapping[str, Field], raw) -> FieldBatch:
         else:
             batch[name] = tensor
     batch.indices = indices
+    batch.repeats = repeats if repeats is not None else [0] * len(indices)
+    batch.augment_params = augment_params
     batch.epoch = epoch
     batch.sequence = sequence
     batch._fence = fence

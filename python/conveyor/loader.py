@@ -15,7 +15,7 @@ from . import augment as _augment
 from ._errors import SampleError
 from .datasets import Dataset
 from .fields import FieldBatch, make_field_batch
-from .samplers import DistributedSampler, RandomSampler, Sampler, SequentialSampler, from_torch
+from .samplers import RandomSampler, Sampler, SequentialSampler, from_torch
 
 __all__ = ["DataLoader", "Batch"]
 
@@ -25,22 +25,36 @@ class Batch(tuple):
     [B,3,S,S] or [B,S,S,3], int64 labels [B]).
 
     Attributes: ``names`` (the fields' names), ``indices`` (the dataset index of each row, in
-    row order: substitutes under on_error="skip" included), ``epoch`` and ``sequence`` (the
-    batch's position in the epoch). The tensors are the engine's memory, not copies: on the CPU
+    row order: substitutes under on_error="skip" included), ``repeats`` (each row's repeat
+    number under ``RASampler``: the k-th draw of a sample in the epoch is repeat k-1; all 0
+    otherwise), ``epoch`` and ``sequence`` (the batch's position in the epoch), and with
+    ``DataLoader(record_augment_params=True)`` ``augment_params``: what ``batch_transform``
+    drew, ``{"rows": [[(op, name, value), ...] for each row], "batch": [(op, name, value),
+    ...]}`` (None when not recorded). Per row: an AutoAugment-family step as (op, step,
+    signed magnitude), e.g. ("TrivialAugmentWide", "Rotate", -12.0); RandomErasing's box as
+    ("RandomErasing", "x0"/"y0"/"x1"/"y1", pixels); ColorJitter's factors as ("ColorJitter",
+    "brightness", 1.2), ...; GaussianBlur's ("GaussianBlur", "sigma", s); a probability op that
+    fired as (op, "applied", 1.0). Per batch: ("MixUp", "lambda", l) or CutMix's box and
+    lambda. The tensors are the engine's memory, not copies: on the CPU
     they view a slot of its ring, which is recycled once the tensors are dropped.
     """
 
     names: Tuple[str, ...]
     indices: List[int]
+    repeats: List[int]
+    augment_params: Optional[dict]
     epoch: int
     sequence: int
     _fence: Any = None  # _C.BatchFence of a device batch: the end of its copy
 
     @classmethod
-    def _make(cls, fields, offsets, names, indices, epoch, sequence, fence=None) -> "Batch":
+    def _make(cls, fields, offsets, names, indices, epoch, sequence, fence=None,
+              repeats=None, augment_params=None) -> "Batch":
         batch = tuple.__new__(cls, fields)
         batch.names = tuple(names)
         batch.indices = indices
+        batch.repeats = repeats if repeats is not None else [0] * len(indices)
+        batch.augment_params = augment_params
         batch.epoch = epoch
         batch.sequence = sequence
         batch._fence = fence  # the end of the batch's own copy to the device; None on the CPU
@@ -140,8 +154,9 @@ class DataLoader:
             conveyor.from_dataset, whose __getitem__ returns encoded bytes (docs/python.md).
         batch_size: samples per batch (default 1).
         shuffle: a new permutation every epoch, a pure function of (seed, epoch).
-        sampler: conveyor.SequentialSampler, RandomSampler or DistributedSampler (torch's
-            DistributedSampler is translated). Not with shuffle.
+        sampler: conveyor.SequentialSampler, RandomSampler, DistributedSampler (torch's
+            DistributedSampler is translated) or RASampler (repeated augmentation). Not with
+            shuffle.
         num_workers: decoding threads (not processes; they never take the GIL). None (the
             default): one per core; 0: one thread; "auto": the engine chooses, while it runs,
             how many of one thread per core work (few when the training step is the
@@ -172,6 +187,8 @@ class DataLoader:
         batch_transform: a conveyor.augment op (Compose([...]) for several) run on each batch
             before it is handed out, on the batch's device, off the training thread (None, the
             default: none). Batches stay the same for any num_workers and after a resume.
+        record_augment_params: record what batch_transform drew for each batch as
+            ``Batch.augment_params`` (default False).
         max_substitutes, slots, chunk_size: the engine's LoaderOptions (loader.h).
         persistent_workers: accepted for compatibility: the workers always persist.
 
@@ -193,7 +210,8 @@ class DataLoader:
                  device: Union[str, torch.device, None] = None, on_error: str = "raise",
                  max_substitutes: int = 16, slots: int = 0, chunk_size: int = 0,
                  gpu_decode: Union[str, float] = "off",
-                 batch_transform: Optional[_augment.BatchTransform] = None) -> None:
+                 batch_transform: Optional[_augment.BatchTransform] = None,
+                 record_augment_params: bool = False) -> None:
         if not isinstance(dataset, Dataset):
             if isinstance(dataset, torch.utils.data.Dataset) or hasattr(dataset, "__getitem__"):
                 raise ValueError(
@@ -253,7 +271,8 @@ class DataLoader:
             prefetch_factor=prefetch_factor, slots=_positive_int(slots, "slots", 0),
             chunk_size=_positive_int(chunk_size, "chunk_size", 0),
             gpu_decode=_C.GpuDecode.parse(str(gpu_decode)),  # its texts, or a share
-            batch_transform=_augment.op_of(batch_transform))
+            batch_transform=_augment.op_of(batch_transform),
+            record_augment_params=bool(record_augment_params))
         self.dataset = dataset
         self.sampler = sampler
         source = dataset._claim()
@@ -270,7 +289,7 @@ class DataLoader:
         ``(images, labels)`` pairs. It replaces an earlier iterator of this loader, whose
         next ``next()`` raises RuntimeError."""
         sampler = self.sampler
-        if isinstance(sampler, DistributedSampler) and sampler._pending_epoch is not None:
+        if getattr(sampler, "_pending_epoch", None) is not None:
             self._cpp.set_epoch(sampler._pending_epoch)
             sampler._pending_epoch = None
         if self._torch_sampler is not None:

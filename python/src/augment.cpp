@@ -26,7 +26,24 @@ augment_functional::Interpolation interpolation_of(const std::string& name) {
       "conveyor: interpolation must be \"nearest\" or \"bilinear\", not \"" + name + "\"");
 }
 
+py::tuple drawn(const DrawnParam& d) { return py::make_tuple(d.op, d.name, d.value); }
+
 }  // namespace
+
+py::dict augment_record(const AugmentRecord& record) {
+  py::list rows;
+  for (const auto& row : record.rows) {
+    py::list draws;
+    for (const DrawnParam& d : row) draws.append(drawn(d));
+    rows.append(draws);
+  }
+  py::list batch;
+  for (const DrawnParam& d : record.batch) batch.append(drawn(d));
+  py::dict out;
+  out["rows"] = rows;
+  out["batch"] = batch;
+  return out;
+}
 
 void bind_augment(py::module_& m) {
   py::module_ a = m.def_submodule("augment", "conveyor/augment.h: batch ops");
@@ -186,7 +203,7 @@ void bind_augment(py::module_& m) {
   a.def(
       "apply",
       [](const Op& op, py::dict fields, uint64_t seed, uint64_t epoch, size_t sequence,
-         std::vector<size_t> indices) {
+         std::vector<size_t> indices, std::vector<uint32_t> repeats, bool record) {
         // Runs op on a batch given as {name: tensor [B, ...]} (uint8 images, int64 labels, ...)
         // outside a loader, with the context a loader would give it; returns the new dict.
         BatchFields batch;
@@ -201,6 +218,10 @@ void bind_augment(py::module_& m) {
         ctx.epoch = epoch;
         ctx.sequence = sequence;
         ctx.indices = std::move(indices);
+        ctx.repeats = std::move(repeats);
+        AugmentRecord drawn;
+        drawn.rows.resize(ctx.rows());
+        if (record) ctx.record = &drawn;
         {
           py::gil_scoped_release release;
           apply_op(*op, batch, ctx);
@@ -208,10 +229,11 @@ void bind_augment(py::module_& m) {
         py::dict out;
         for (size_t i = 0; i < batch.specs.size(); ++i)
           out[py::str(batch.specs[i].name)] = batch.tensors[i];
-        return out;
+        if (record) return py::make_tuple(out, augment_record(drawn));
+        return py::make_tuple(out, py::none());
       },
       py::arg("op"), py::arg("fields"), py::arg("seed"), py::arg("epoch"), py::arg("sequence"),
-      py::arg("indices"));
+      py::arg("indices"), py::arg("repeats") = std::vector<uint32_t>{}, py::arg("record") = false);
 
   namespace F = augment_functional;
   py::module_ f = a.def_submodule(

@@ -66,6 +66,9 @@ class Source {
 void bind_fields(py::module_& m);
 // conveyor._C.augment: the batch ops (augment.cpp).
 void bind_augment(py::module_& m);
+// An AugmentRecord as Python data: {"rows": [[(op, name, value), ...] per row], "batch":
+// [(op, name, value), ...]} (conveyor/augment.h).
+py::dict augment_record(const AugmentRecord& record);
 
 void bind_options(py::module_& m);
 

@@ -126,8 +126,12 @@ std::vector<std::string> source_classes(const Source& source) {
 // The loader
 
 std::unique_ptr<Sampler> make_sampler(const std::string& kind, uint64_t seed, size_t rank,
-                                      size_t world_size, bool shuffle, bool drop_last) {
+                                      size_t world_size, bool shuffle, bool drop_last,
+                                      uint32_t num_repeats, size_t selected_round) {
   if (kind == "sequential") return SequentialSampler::make();
+  if (kind == "repeated_augmentation") {
+    return RASampler::make(rank, world_size, num_repeats, shuffle, seed, selected_round);
+  }
   if (kind == "random") return RandomSampler::make(seed);
   if (kind == "distributed") {
     return DistributedSampler::make(rank, world_size, shuffle, seed, drop_last);
@@ -144,12 +148,13 @@ struct BatchFence {
 class Loader {
  public:
   Loader(Source& source, LoaderOptions options, const std::string& sampler, uint64_t sampler_seed,
-         size_t rank, size_t world_size, bool shuffle, bool sampler_drop_last)
+         size_t rank, size_t world_size, bool shuffle, bool sampler_drop_last, uint32_t num_repeats,
+         size_t selected_round)
       : creator_(::getpid()), token_(std::make_shared<int>(0)) {
     check_same_process(source.creator(), "dataset");
     std::shared_ptr<SampleSource> claimed = source.claim(token_);
-    std::unique_ptr<Sampler> order =
-        make_sampler(sampler, sampler_seed, rank, world_size, shuffle, sampler_drop_last);
+    std::unique_ptr<Sampler> order = make_sampler(sampler, sampler_seed, rank, world_size, shuffle,
+                                                  sampler_drop_last, num_repeats, selected_round);
     py::gil_scoped_release released;
     loader_ = std::make_unique<DataLoader>(std::move(claimed), options, std::move(order));
   }
@@ -180,8 +185,10 @@ class Loader {
 
   // (fields, names, indices, epoch, sequence, fence), or None at the end of the epoch. fence: the
   // end of the batch's copy to the device (a BatchFence), None for a CPU batch.
-  // (fields, offsets, names, indices, epoch, sequence, fence): offsets has one entry per field,
-  // None for a fixed field, a ragged field's offsets tensor otherwise (Batch::offsets).
+  // (fields, offsets, names, indices, epoch, sequence, fence, repeats): offsets has one entry per
+  // field, None for a fixed field, a ragged field's offsets tensor otherwise (Batch::offsets);
+  // repeats: each row's repeat number (Batch::repeats), None when all are 0; augment_params:
+  // Batch::augment_params as augment_record() writes it, None when not recorded.
   py::object next() {
     std::optional<Batch> batch = wait_for_batch(get());
     if (!batch) return py::none();
@@ -194,8 +201,12 @@ class Loader {
     }
     py::object fence = py::none();
     if (batch->copy_fence) fence = py::cast(BatchFence{std::move(batch->copy_fence)});
+    py::object repeats = py::none();
+    if (!batch->repeats.empty()) repeats = py::cast(batch->repeats);
+    py::object params = py::none();
+    if (batch->augment_params) params = augment_record(*batch->augment_params);
     return py::make_tuple(fields, offsets, py::cast(batch->names), py::cast(batch->indices),
-                          batch->epoch, batch->sequence, fence);
+                          batch->epoch, batch->sequence, fence, repeats, params);
   }
 
   void close() {
@@ -399,9 +410,10 @@ PYBIND11_MODULE(_C, m, pybind11::mod_gil_not_used()) {
 
   py::class_<Loader>(m, "Loader")
       .def(py::init<Source&, conveyor::LoaderOptions, const std::string&, uint64_t, size_t, size_t,
-                    bool, bool>(),
+                    bool, bool, uint32_t, size_t>(),
            py::arg("source"), py::arg("options"), py::arg("sampler"), py::arg("sampler_seed"),
-           py::arg("rank"), py::arg("world_size"), py::arg("shuffle"), py::arg("sampler_drop_last"))
+           py::arg("rank"), py::arg("world_size"), py::arg("shuffle"), py::arg("sampler_drop_last"),
+           py::arg("num_repeats") = 1, py::arg("selected_round") = 0)
       .def("start_epoch", &Loader::start_epoch)
       .def("next", &Loader::next)
       .def("set_epoch", [](Loader& l, uint64_t epoch) { l.get().set_epoch(epoch); })

@@ -164,6 +164,7 @@ void bind_options(py::module_& m) {
       .def_readwrite("slots", &LoaderOptions::slots)
       .def_readwrite("chunk_size", &LoaderOptions::chunk_size)
       .def_readwrite("gpu_decode", &LoaderOptions::gpu_decode)
+      .def_readwrite("record_augment_params", &LoaderOptions::record_augment_params)
       .def_property(
           "batch_transform",
           [](const LoaderOptions& o) -> std::optional<std::string> {

@@ -31,6 +31,7 @@ LOADER_VALUES = {
     "gpu_decode": {"mode": "share", "share": 0.25, "threads": 3, "max_batch": 300},
     # Set as an op (conveyor.augment), read back as its name.
     "batch_transform": "RandomErasing(p=0.25, scale=(0.02, 0.33), ratio=(0.3, 3.3), value=[0])",
+    "record_augment_params": True,
 }
 
 
@@ -82,7 +83,8 @@ def test_the_dataloader_keywords_fill_the_engines_options(photos):
             "batch_size": 3, "workers": 3, "max_workers": 3, "drop_last": True,
             "enforce_ordering": False, "timeout": 2.5, "seed": 11, "on_error": "skip",
             "max_substitutes": 5, "device": "cpu", "pin_memory": True, "prefetch_factor": 3,
-            "slots": 9, "chunk_size": 2, "gpu_decode": "0.25", "batch_transform": None}
+            "slots": 9, "chunk_size": 2, "gpu_decode": "0.25", "batch_transform": None,
+            "record_augment_params": False}
         assert (loader.batch_size, loader.drop_last, loader.device) == (3, True,
                                                                       torch.device("cpu"))
     finally:

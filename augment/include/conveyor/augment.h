@@ -47,6 +47,23 @@
 
 namespace conveyor {
 
+// What the ops drew for one batch, recorded when asked (LoaderOptions::record_augment_params,
+// Batch::augment_params): for debugging, and for users who must transform their annotations along.
+struct DrawnParam {
+  std::string op;    // the op's short name: "RandomErasing", "TrivialAugmentWide", "CutMix", ...
+  std::string name;  // what was drawn: an AutoAugment-family step's op ("Rotate": its signed
+                     // magnitude), a box's "x0", "y0", "x1", "y1" (pixels, [x0, x1) x [y0, y1)),
+                     // "lambda", "sigma", "brightness" (a factor), "applied" (1), ...
+  double value = 0;
+};
+struct AugmentRecord {
+  // rows[r]: what row r received, in the order the ops ran; an op that left the row alone (its p
+  // not drawn, no box fitting) records nothing for it.
+  std::vector<std::vector<DrawnParam>> rows;
+  // The batch-level draws (MixUp's and CutMix's lambda, CutMix's box).
+  std::vector<DrawnParam> batch;
+};
+
 // What an op may know about the batch besides its tensors.
 struct BatchContext {
   uint64_t seed = 0;              // the loader's seed (LoaderOptions::seed)
@@ -57,6 +74,9 @@ struct BatchContext {
                                   // empty means all 0
   uint32_t view = 0;              // the view group the batch's images belong to (0: the only one)
   uint64_t op = 0;  // which op of a pipeline draws: Compose gives each of its ops its own stream
+  // Where the ops write what they drew, or null (the default: nothing recorded). Its rows are
+  // rows() long. Shared by the children of a Compose.
+  AugmentRecord* record = nullptr;
 
   size_t rows() const { return indices.size(); }
   // Row `row`'s stream: a pure function of (seed, epoch, indices[row], view, repeats[row], op).
@@ -65,6 +85,14 @@ struct BatchContext {
   SampleRng batch_rng() const;
   // The context an op's child `k` draws from (Compose): the same batch, another stream.
   BatchContext child(size_t k) const;
+  // Records that row `row` received `value` for `name` from `op`; does nothing unless recording.
+  void note(size_t row, const char* op, const char* name, double value) const {
+    if (record != nullptr) record->rows.at(row).push_back({op, name, value});
+  }
+  // Records a batch-level draw; does nothing unless recording.
+  void note_batch(const char* op, const char* name, double value) const {
+    if (record != nullptr) record->batch.push_back({op, name, value});
+  }
 };
 
 // The batch's tensors an op sees, by name, with their specs: the fixed fields that live on the

@@ -17,6 +17,14 @@ inline uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// The seed of repeat `repeat` of a sample that a sampler draws several times in one epoch
+// (RASampler: repeated augmentation). Repeat 0 is `seed` itself, so a sample drawn once keeps
+// today's streams bit for bit; each other repeat mixes its number in, so that every per-sample
+// stream keyed on (repeat_seed(seed, repeat), epoch, index[, view]) differs between repeats.
+inline uint64_t repeat_seed(uint64_t seed, uint32_t repeat) {
+  return repeat == 0 ? seed : splitmix64(seed ^ splitmix64(0x5245504541540000ull | repeat));
+}
+
 class SampleRng {
  public:
   SampleRng(uint64_t seed, uint64_t epoch, size_t index)

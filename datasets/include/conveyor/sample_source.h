@@ -78,6 +78,12 @@ struct SampleContext {
   size_t index = 0;    // dataset index
   uint64_t seed = 0;   // loader seed
   uint64_t epoch = 0;  // current epoch
+  // Which draw of the sample this is in the epoch: 0 unless the sampler repeats samples
+  // (RASampler), then 0 .. num_repeats-1. Its per-sample random choices must depend on it.
+  uint32_t repeat = 0;
+  // The seed of this draw's per-sample streams (crop, flip, views): repeat_seed(seed, repeat),
+  // which is `seed` for repeat 0. A source draws from SampleRng(draw_seed(), epoch, index[, view]).
+  uint64_t draw_seed() const { return repeat_seed(seed, repeat); }
 };
 
 enum class ImageLayout { kCHW, kHWC };

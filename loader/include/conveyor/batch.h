@@ -17,6 +17,8 @@
 
 namespace conveyor {
 
+struct AugmentRecord;  // conveyor/augment.h
+
 // A sample failed to load; what() names the sample index and its file.
 class SampleError : public std::runtime_error {
  public:
@@ -59,6 +61,12 @@ struct Batch {
   std::vector<std::string> names;
   // The dataset indices in this batch, in row order (substitutes under kSkip included).
   std::vector<size_t> indices;
+  // Each row's repeat number under a sampler that draws samples several times per epoch
+  // (RASampler: the k-th draw of an index is repeat k-1); empty when every row is repeat 0.
+  std::vector<uint32_t> repeats;
+  // What LoaderOptions::batch_transform drew for this batch, when record_augment_params is on
+  // (rows[r]: row r's draws); null otherwise.
+  std::shared_ptr<const AugmentRecord> augment_params;
   uint64_t epoch = 0;
   size_t sequence = 0;  // position in the epoch's sampler order
   // The end of the batch's copy to the device (set by the loader); null for a CPU batch.

@@ -132,6 +132,10 @@ struct LoaderOptions {
   // and the batch; a pipeline that cannot take the source's fields is refused when the loader is
   // built (std::invalid_argument). None by default.
   std::shared_ptr<const BatchOp> batch_transform;
+  // Record what batch_transform's ops drew for each batch (each row's ops and magnitudes, boxes,
+  // factors; MixUp's lambda, CutMix's box) as Batch::augment_params. Off by default (the record
+  // costs a few small allocations per row).
+  bool record_augment_params = false;
 };
 
 }  // namespace conveyor

@@ -36,6 +36,13 @@ class Sampler {
   // ranks). Default: indices() without its first `consumed` entries.
   virtual void remaining_indices(size_t dataset_size, uint64_t epoch, size_t consumed,
                                  std::vector<size_t>& out) const;
+  // What the loader calls: remaining_indices() (indices() when `consumed` is 0) into `out`, and
+  // into `repeats` each entry's repeat number, for a sampler that draws a sample several times in
+  // an epoch (RASampler): the k-th draw of an index in the epoch's global order is repeat k-1,
+  // and its per-sample random choices (crop, flip, batch ops) differ from the other repeats'
+  // (SampleContext::repeat, BatchContext::repeats). Default: `repeats` left empty (all 0).
+  virtual void remaining_draws(size_t dataset_size, uint64_t epoch, size_t consumed,
+                               std::vector<size_t>& out, std::vector<uint32_t>& repeats) const;
 };
 
 // 0, 1, ..., n-1 every epoch.
@@ -103,6 +110,53 @@ class DistributedSampler : public Sampler {
   bool shuffle_;
   uint64_t seed_;
   bool drop_last_;
+};
+
+// DeiT's RASampler (repeated augmentation, Hoffer et al. 2020): each sample is drawn
+// `num_repeats` times in an epoch, each time with its own random choices, and the repeats are
+// spread over the ranks. The epoch's global order is a permutation of (seed, epoch) (0..n-1
+// without `shuffle`) with each index repeated num_repeats times in a row (its draws are repeats
+// 0, 1, ...); entry p goes to rank p % world_size, so a sample's repeats land on consecutive
+// ranks. As DeiT's, an epoch stays the dataset's length: the ranks take the global order's first
+// floor(T / world_size) * world_size entries, T = n rounded down to a multiple of
+// `selected_round` (256 in DeiT; 0: T = n), floor(T / world_size) each: every rank gets equal
+// batches.
+//
+// Elastic resume (remaining_draws() with consumed > 0, from a job of another world size): the
+// global order does not depend on the world size, so the new ranks continue it after its first
+// `consumed` entries, floor((T - consumed) / world_size) each. With the same world size the
+// loader continues each rank's own order (bit-exact).
+class RASampler : public Sampler {
+ public:
+  // The most repeats: more is a corrupt state or a mistake (DeiT uses 3, torchvision's recipe 4).
+  static constexpr uint32_t kMaxRepeats = 1024;
+  // Throws std::invalid_argument unless 1 <= world_size <= DistributedSampler::kMaxWorldSize,
+  // rank < world_size and 1 <= num_repeats <= kMaxRepeats.
+  RASampler(size_t rank, size_t world_size, uint32_t num_repeats = 3, bool shuffle = true,
+            uint64_t seed = 0, size_t selected_round = 256);
+  static std::unique_ptr<Sampler> make(size_t rank, size_t world_size, uint32_t num_repeats = 3,
+                                       bool shuffle = true, uint64_t seed = 0,
+                                       size_t selected_round = 256) {
+    return std::make_unique<RASampler>(rank, world_size, num_repeats, shuffle, seed,
+                                       selected_round);
+  }
+  void indices(size_t n, uint64_t epoch, std::vector<size_t>& out) const override;
+  void remaining_indices(size_t n, uint64_t epoch, size_t consumed,
+                         std::vector<size_t>& out) const override;
+  void remaining_draws(size_t n, uint64_t epoch, size_t consumed, std::vector<size_t>& out,
+                       std::vector<uint32_t>& repeats) const override;
+  void save(LoaderState& state) const override;
+  void check(const LoaderState& state) const override;
+  size_t world_size() const override { return world_size_; }
+  size_t rank() const { return rank_; }
+  uint32_t num_repeats() const { return num_repeats_; }
+
+ private:
+  size_t rank_, world_size_;
+  uint32_t num_repeats_;
+  bool shuffle_;
+  uint64_t seed_;
+  size_t selected_round_;
 };
 
 }  // namespace conveyor
