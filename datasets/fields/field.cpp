@@ -145,6 +145,10 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
         throw bad("follows \"" + detail::printable(follows) +
                   "\", which is not an image field of the same source");
       }
+      if (!leader->transform.views.empty()) {
+        throw bad("follows \"" + detail::printable(follows) +
+                  "\", an image with views: a mask follows an image of one view, for now");
+      }
       if (leader->transform.size <= 0) throw bad("the image's transform size must be positive");
       spec.dtype = dtype;
       spec.sample_shape = {leader->transform.size, leader->transform.size};
@@ -159,6 +163,20 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
       return spec;
   }
   throw bad("an unknown kind");
+}
+
+std::vector<FieldSpec> Field::specs(const std::string& name, const Field* leader) const {
+  if (kind != Kind::kImage || transform.views.empty()) return {spec(name, leader)};
+  std::vector<FieldSpec> out;
+  for (const ViewGroup& group : view_groups(transform)) {
+    Field one = *this;
+    one.transform = group.transform;
+    one.transform.layout = transform.layout;
+    FieldSpec spec = one.spec(group.name, leader);
+    spec.sample_shape.insert(spec.sample_shape.begin(), group.count);
+    out.push_back(std::move(spec));
+  }
+  return out;
 }
 
 namespace detail {
