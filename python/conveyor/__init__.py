@@ -40,7 +40,7 @@ from .loader import Batch, DataLoader  # noqa: E402
 from .samplers import (DistributedSampler, RandomSampler, Sampler,  # noqa: E402
                        SequentialSampler)
 from .transforms import (ALL_DCT_SCALES, FULL_DCT_SCALE, SIMD_DCT_SCALES,  # noqa: E402
-                         RandomResizedCrop, Resize, ResizeCenterCrop, Transform,
+                         RandomResizedCrop, Resize, ResizeCenterCrop, Transform, Views,
                          eval_transform, train_transform)
 
 __version__ = "0.1.0"
@@ -92,7 +92,7 @@ __all__ = [
     "PatternDataset", "expand_shard_braces", "Manifest", "UserDataset", "from_dataset",
     "Field", "Image", "Mask", "Int", "Float", "Array", "Bytes", "Text", "Json", "FieldBatch",
     "Sampler", "SequentialSampler", "RandomSampler", "DistributedSampler",
-    "Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "train_transform",
+    "Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "Views", "train_transform",
     "eval_transform", "SIMD_DCT_SCALES", "FULL_DCT_SCALE", "ALL_DCT_SCALES",
     "normalize", "generate_image_folder", "make_photo_jpeg", "cuda_available",
     "IMAGENET_MEAN", "IMAGENET_STD",
