@@ -245,7 +245,7 @@ class ImageWriter {
   // count views of view_bytes(transform(), g) bytes each, back to back. Several views are
   // decoded once (ImageTransform::decode_views_once): the bounding box of their boxes, at the
   // finest DCT scale any of them needs alone; a view is then the bytes it has alone when its own
-  // scale is that scale, and otherwise resized from sharper pixels than alone (docs/design.md,
+  // scale is that scale, and otherwise resized from finer pixels than alone (docs/design.md,
   // "Views", gives the measured difference).
   void write_groups(const uint8_t* bytes, size_t size, const SampleContext& ctx,
                     std::byte* const* group_rows);
