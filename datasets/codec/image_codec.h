@@ -68,6 +68,13 @@ struct SampleRegion {
   int bit_depth = 8;
 };
 
+// The DCT scale numerator M (of 8) at which JPEG's finish_region decodes a region of width x
+// height asked for at least min_width x min_height: the smallest M that `options` allow
+// (dct_scales, any_scale) whose scaled region, ceil(width * M / 8) x ceil(height * M / 8), is at
+// least that large; 8 when none is. The other codecs decode at 8/8 whatever they are asked.
+int dct_scale_for(int width, int height, int min_width, int min_height,
+                  const DecodeOptions& options);
+
 // One format's decoder, made by its table row for one thread and reused across images (not
 // thread-safe).
 class ImageDecoder {

@@ -1,9 +1,13 @@
 // plan_image (conveyor/image_plan.h): the geometry of every output view of an image, as data.
-// Today one view per image: torchvision's crop rules for the transform's mode, then the flip.
+// Each view: torchvision's crop rules for its group's transform's mode, then the flip.
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <stdexcept>
+#include <string>
 
 #include "conveyor/image_plan.h"
+#include "conveyor/internal/printable.h"
 #include "conveyor/random.h"
 
 namespace conveyor {
@@ -60,15 +64,46 @@ CropBox choose_box(const ImageTransform& transform, int width, int height, Sampl
 
 }  // namespace
 
+std::vector<ViewGroup> view_groups(const ImageTransform& transform) {
+  if (transform.views.empty()) return {ViewGroup{"", 1, transform}};
+  std::set<std::string> names;
+  for (const ViewGroup& g : transform.views) {
+    const std::string label = "view group \"" + detail::printable(g.name) + "\"";
+    if (g.name.empty()) throw std::invalid_argument("a view group needs a name");
+    if (!names.insert(g.name).second) throw std::invalid_argument(label + " is named twice");
+    if (g.count < 1 || g.count > 256) {
+      throw std::invalid_argument(label + ": count is " + std::to_string(g.count) +
+                                  " (1 to 256 views)");
+    }
+    if (g.transform.size < 1) throw std::invalid_argument(label + ": its size must be positive");
+    if (!g.transform.views.empty()) {
+      throw std::invalid_argument(label + ": a group's transform has no views of its own");
+    }
+  }
+  return transform.views;
+}
+
 ImagePlan plan_image(const ImageTransform& transform, int width, int height, uint64_t seed,
                      uint64_t epoch, size_t index) {
   ImagePlan plan;
   plan.width = width;
   plan.height = height;
-  SampleRng rng(seed, epoch, index, 0);
-  const CropBox box = choose_box(transform, width, height, rng);
-  plan.views.push_back(
-      {box.x, box.y, box.width, box.height, box.flip, transform.size, transform.size, 0});
+  const auto plan_group = [&](const ImageTransform& t, int count, int group) {
+    for (int k = 0; k < count; ++k) {
+      const int view = static_cast<int>(plan.views.size());
+      SampleRng rng(seed, epoch, index, static_cast<uint64_t>(view));
+      const CropBox box = choose_box(t, width, height, rng);
+      plan.views.push_back(
+          {box.x, box.y, box.width, box.height, box.flip, t.size, t.size, view, group});
+    }
+  };
+  if (transform.views.empty()) {
+    plan_group(transform, 1, 0);
+    return plan;
+  }
+  for (size_t g = 0; g < transform.views.size(); ++g) {
+    plan_group(transform.views[g].transform, transform.views[g].count, static_cast<int>(g));
+  }
   return plan;
 }
 

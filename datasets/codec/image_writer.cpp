@@ -3,7 +3,9 @@
 // name); the crop is chosen from the header (choose_crop: torchvision's rules, the same for every
 // format), the decoder decodes only that region (a JPEG at the smallest DCT scale that covers the
 // output), and libyuv resizes, mirrors and splits the pixels into the row (OpenCV only turns an
-// EXIF-rotated square upright).
+// EXIF-rotated square upright). An image with several views (ImageTransform::views) is decoded
+// once, the bounding box of its views' boxes at the finest scale any of them needs, and each view
+// is resized from that decode.
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -119,20 +121,67 @@ cv::Mat orient(cv::Mat img, int orientation, cv::Mat& scratch) {
   }
 }
 
+// Where one view lies in the decode of a region (the union of the views' boxes, or the view's own
+// box): the pixels of stored box `b` in a decode of stored box `decoded` at DCT scale
+// `scale` / 8, rounded outwards as the decoder rounds a region (JpegDecoder::decode_region), so
+// that a view cut from a larger decode at its own scale is the decode of its own box.
+struct ViewPixels {
+  const uint8_t* pixels;
+  int stride, width, height;
+};
+ViewPixels view_pixels(const DecodedImage& image, const CropBox& decoded, const CropBox& b) {
+  const auto floor_scaled = [&](int v) { return static_cast<int>(int64_t{v} * image.scale / 8); };
+  const auto ceil_scaled = [&](int v) {
+    return static_cast<int>((int64_t{v} * image.scale + 7) / 8);
+  };
+  const int ox = floor_scaled(decoded.x), oy = floor_scaled(decoded.y);
+  const int x1 = std::min(ceil_scaled(b.x + b.width) - ox, image.width);
+  const int y1 = std::min(ceil_scaled(b.y + b.height) - oy, image.height);
+  const int x0 = std::clamp(floor_scaled(b.x) - ox, 0, x1 - 1);
+  const int y0 = std::clamp(floor_scaled(b.y) - oy, 0, y1 - 1);
+  const size_t channels = static_cast<size_t>(image.channels);
+  return {
+      image.pixels + static_cast<size_t>(y0) * image.stride + static_cast<size_t>(x0) * channels,
+      static_cast<int>(image.stride), x1 - x0, y1 - y0};
+}
+
+// The smallest box holding every box of `boxes` (not empty).
+CropBox bounding_box(const std::vector<CropBox>& boxes) {
+  int x0 = boxes.front().x, y0 = boxes.front().y;
+  int x1 = x0 + boxes.front().width, y1 = y0 + boxes.front().height;
+  for (const CropBox& b : boxes) {
+    x0 = std::min(x0, b.x);
+    y0 = std::min(y0, b.y);
+    x1 = std::max(x1, b.x + b.width);
+    y1 = std::max(y1, b.y + b.height);
+  }
+  return {x0, y0, x1 - x0, y1 - y0, false};
+}
+
 }  // namespace
+
+size_t view_bytes(const ImageTransform& transform, size_t group) {
+  const size_t side = static_cast<size_t>(view_groups(transform).at(group).transform.size);
+  return side * side * 3;
+}
 
 struct ImageWriter::State {
   ImageTransform transform;
+  std::vector<ViewGroup> groups;  // view_groups(transform)
   // One decoder per format met so far (the codec table's, image_codec.h), made on first use.
   std::array<std::unique_ptr<detail::ImageDecoder>, detail::kImageFormatCount> decoders;
-  std::vector<uint8_t> scaled;    // size x size RGBX scratch, reused
-  std::vector<uint8_t> mirrored;  // size x size RGBX scratch for the flip, reused
-  cv::Mat rotated;                // size x size RGBX scratch for EXIF rotations, reused
+  std::vector<uint8_t> scaled;         // side x side RGBX scratch (the largest group's), reused
+  std::vector<uint8_t> mirrored;       // side x side RGBX scratch for the flip, reused
+  cv::Mat rotated;                     // side x side RGBX scratch for EXIF rotations, reused
+  std::vector<CropBox> stored;         // the plan's boxes in stored pixels, reused
+  std::vector<std::byte*> group_rows;  // write()'s rows per group, reused
   int last_scale = 8;
   ImagePlan last_plan;  // the plan the last write executed
   ImageWriter::Timing last_timing;
-  explicit State(ImageTransform t) : transform(t) {
-    const size_t bytes = static_cast<size_t>(t.size) * static_cast<size_t>(t.size) * 4;
+  explicit State(ImageTransform t) : transform(t), groups(view_groups(t)) {
+    int side = 0;
+    for (const ViewGroup& g : groups) side = std::max(side, g.transform.size);
+    const size_t bytes = static_cast<size_t>(side) * static_cast<size_t>(side) * 4;
     scaled.resize(bytes);
     mirrored.resize(bytes);
     // JPEG's is made at once, which checks the limits and options when the writer is made.
@@ -152,11 +201,51 @@ struct ImageWriter::State {
     }
     return *decoder;
   }
+
+  // One view's decoded pixels (stored orientation, RGBX) -> its side x side row: resized (straight
+  // from the decoder's buffer when no resize is needed), upright, flipped if asked, then split
+  // into the row's planes or packed as RGB. libyuv does the pixel work (BENCHMARKS.md, "JPEG
+  // pipeline"): it calls RGBX "ABGR", and its ARGB functions see the bytes R,G,B,X as B,G,R,A,
+  // which only renames the planes below.
+  void finish_view(ViewPixels in, int side, int orientation, bool flip, uint8_t* dst) {
+    const int row = side * 4;
+    const uint8_t* pixels = in.pixels;
+    int stride = in.stride;
+    if (in.width != side || in.height != side) {
+      libyuv::ARGBScale(pixels, stride, in.width, in.height, scaled.data(), row, side, side,
+                        libyuv::kFilterBilinear);
+      pixels = scaled.data();
+      stride = row;
+    }
+    if (orientation != 1) {  // rare: OpenCV turns the square upright
+      cv::Mat square(side, side, CV_8UC4, scaled.data(), static_cast<size_t>(row));
+      if (pixels != scaled.data()) {  // the decoder's pixels are read-only
+        cv::Mat(side, side, CV_8UC4, const_cast<uint8_t*>(pixels), static_cast<size_t>(stride))
+            .copyTo(square);
+      }
+      cv::Mat upright = orient(square, orientation, rotated);
+      pixels = upright.data;
+      stride = static_cast<int>(upright.step);
+    }
+    if (flip) {
+      libyuv::ARGBMirror(pixels, stride, mirrored.data(), row, side, side);
+      pixels = mirrored.data();
+      stride = row;
+    }
+    if (transform.layout == ImageLayout::kHWC) {
+      libyuv::ARGBToRGB24(pixels, stride, dst, side * 3, side, side);  // bytes 0,1,2 of each pixel
+      return;
+    }
+    const size_t plane = static_cast<size_t>(side) * static_cast<size_t>(side);
+    // libyuv's "B" plane is byte 0 of each pixel (R), its "R" plane byte 2 (B); X is dropped.
+    libyuv::SplitARGBPlane(pixels, stride, dst + 2 * plane, side, dst + plane, side, dst, side,
+                           nullptr, 0, side, side);
+  }
 };
 
 ImageWriter::ImageWriter(ImageTransform transform) {
   if (transform.size <= 0) throw std::invalid_argument("ImageTransform.size must be positive");
-  state_ = std::make_unique<State>(transform);
+  state_ = std::make_unique<State>(transform);  // view_groups() checks the groups
 }
 ImageWriter::~ImageWriter() = default;
 ImageWriter::ImageWriter(ImageWriter&&) noexcept = default;
@@ -169,68 +258,94 @@ const ImagePlan& ImageWriter::last_plan() const { return state_->last_plan; }
 void ImageWriter::write(const uint8_t* bytes, size_t size, const SampleContext& ctx,
                         std::byte* out) {
   State& s = *state_;
+  s.group_rows.clear();
+  for (size_t g = 0; g < s.groups.size(); ++g) {
+    s.group_rows.push_back(out);
+    out += static_cast<size_t>(s.groups[g].count) * view_bytes(s.transform, g);
+  }
+  write_groups(bytes, size, ctx, s.group_rows.data());
+}
+
+void ImageWriter::write_groups(const uint8_t* bytes, size_t size, const SampleContext& ctx,
+                               std::byte* const* group_rows) {
+  State& s = *state_;
   std::optional<trace::Range> stage(std::in_place, trace::Name::kDecode);  // for a profiler
   const auto started = std::chrono::steady_clock::now();
-  const int side = s.transform.size;
   detail::ImageDecoder& decoder = s.decoder_for(bytes, size);
   const detail::ImageInfo header = decoder.begin(bytes, size);
   const bool swapped = header.orientation >= 5;  // displayed with width and height exchanged
   const int width = swapped ? header.height : header.width;
   const int height = swapped ? header.width : header.height;
   s.last_plan = plan_image(s.transform, width, height, ctx.draw_seed(), ctx.epoch, ctx.index);
-  const ViewPlan& view = s.last_plan.views.front();
-  const CropBox box{view.x, view.y, view.width, view.height, view.flip};
-  const CropBox src_box = stored_box(box, header.orientation, width, height);
-  const DecodedImage image =
-      decoder.finish_region(src_box.x, src_box.y, src_box.width, src_box.height, side, side);
-  s.last_scale = image.scale;
-  const auto decoded = std::chrono::steady_clock::now();
-  s.last_timing.decode = decoded - started;
-  stage.emplace(trace::Name::kResize);
-  // The rest of write() is the transform, however it returns.
+  const std::vector<ViewPlan>& views = s.last_plan.views;
+  s.stored.clear();
+  for (const ViewPlan& v : views) {
+    s.stored.push_back(
+        stored_box({v.x, v.y, v.width, v.height, v.flip}, header.orientation, width, height));
+  }
+  // Where each view goes: its group's row, after the group's earlier views.
+  const auto destination = [&](const ViewPlan& v) {
+    const size_t first =
+        static_cast<size_t>(std::find_if(views.begin(), views.end(),
+                                         [&](const ViewPlan& u) { return u.group == v.group; }) -
+                            views.begin());
+    const size_t bytes_per_view = view_bytes(s.transform, static_cast<size_t>(v.group));
+    return reinterpret_cast<uint8_t*>(group_rows[v.group]) +
+           (static_cast<size_t>(v.view) - first) * bytes_per_view;
+  };
+  // The rest of write_groups() is the transform, however it returns.
   struct TransformClock {
     ImageWriter::Timing& timing;
     std::chrono::steady_clock::time_point from;
-    ~TransformClock() { timing.transform = std::chrono::steady_clock::now() - from; }
-  } transform_clock{s.last_timing, decoded};
-
-  // Decoded RGBX -> size x size RGBX (straight from the decoder's buffer when no resize is
-  // needed), upright, flipped if asked, then split into the row's planes or packed as RGB.
-  // libyuv does the pixel work (BENCHMARKS.md, "JPEG pipeline"): it calls RGBX "ABGR", and its
-  // ARGB functions see the bytes R,G,B,X as B,G,R,A, which only renames the planes below.
-  const int row = side * 4;
-  const uint8_t* pixels = image.pixels;
-  int stride = static_cast<int>(image.stride);
-  if (image.width != side || image.height != side) {
-    libyuv::ARGBScale(pixels, stride, image.width, image.height, s.scaled.data(), row, side, side,
-                      libyuv::kFilterBilinear);
-    pixels = s.scaled.data();
-    stride = row;
-  }
-  if (header.orientation != 1) {  // rare: OpenCV turns the square upright
-    cv::Mat square(side, side, CV_8UC4, s.scaled.data(), static_cast<size_t>(row));
-    if (pixels != s.scaled.data()) {  // the decoder's pixels are read-only
-      cv::Mat(side, side, CV_8UC4, const_cast<uint8_t*>(pixels), static_cast<size_t>(stride))
-          .copyTo(square);
+    std::chrono::nanoseconds decoding{0};
+    ~TransformClock() {
+      timing.decode = decoding;
+      timing.transform = std::chrono::steady_clock::now() - from - decoding;
     }
-    cv::Mat upright = orient(square, header.orientation, s.rotated);
-    pixels = upright.data;
-    stride = static_cast<int>(upright.step);
-  }
-  if (box.flip) {
-    libyuv::ARGBMirror(pixels, stride, s.mirrored.data(), row, side, side);
-    pixels = s.mirrored.data();
-    stride = row;
-  }
-  auto* dst = reinterpret_cast<uint8_t*>(out);
-  if (s.transform.layout == ImageLayout::kHWC) {
-    libyuv::ARGBToRGB24(pixels, stride, dst, side * 3, side, side);  // bytes 0,1,2 of each pixel
+  } clock{s.last_timing, started};
+
+  if (views.size() == 1 || !s.transform.decode_views_once) {
+    // Each view decoded on its own: its box at the smallest DCT scale covering its output.
+    s.last_scale = 1;
+    for (size_t i = 0; i < views.size(); ++i) {
+      const auto decode_started = i == 0 ? started : std::chrono::steady_clock::now();
+      if (i > 0) {
+        stage.emplace(trace::Name::kDecode);
+        decoder.begin(bytes, size);
+      }
+      const CropBox& b = s.stored[i];
+      const DecodedImage image = decoder.finish_region(b.x, b.y, b.width, b.height,
+                                                       views[i].out_width, views[i].out_height);
+      s.last_scale = std::max(s.last_scale, image.scale);
+      clock.decoding += std::chrono::steady_clock::now() - decode_started;
+      stage.emplace(trace::Name::kResize);
+      s.finish_view({image.pixels, static_cast<int>(image.stride), image.width, image.height},
+                    views[i].out_width, header.orientation, views[i].flip, destination(views[i]));
+    }
     return;
   }
-  const size_t plane = static_cast<size_t>(side) * static_cast<size_t>(side);
-  // libyuv's "B" plane is byte 0 of each pixel (R), its "R" plane byte 2 (B); X is dropped.
-  libyuv::SplitARGBPlane(pixels, stride, dst + 2 * plane, side, dst + plane, side, dst, side,
-                         nullptr, 0, side, side);
+  // One decode for every view: the bounding box of their boxes at the finest DCT scale any view
+  // needs alone, so a view decoded at its own scale is the bytes it has alone, and a view whose
+  // own scale is coarser is resized from sharper pixels (docs/design.md, "Views").
+  const DecodeOptions options = writer_decode_options(s.transform);
+  int scale = 1;
+  for (size_t i = 0; i < views.size(); ++i) {
+    const CropBox& b = s.stored[i];
+    scale = std::max(scale, detail::dct_scale_for(b.width, b.height, views[i].out_width,
+                                                  views[i].out_height, options));
+  }
+  const CropBox all = bounding_box(s.stored);
+  const int min_width = static_cast<int>((int64_t{all.width} * scale + 7) / 8);
+  const int min_height = static_cast<int>((int64_t{all.height} * scale + 7) / 8);
+  const DecodedImage image =
+      decoder.finish_region(all.x, all.y, all.width, all.height, min_width, min_height);
+  s.last_scale = image.scale;
+  clock.decoding = std::chrono::steady_clock::now() - started;
+  stage.emplace(trace::Name::kResize);
+  for (size_t i = 0; i < views.size(); ++i) {
+    s.finish_view(view_pixels(image, all, s.stored[i]), views[i].out_width, header.orientation,
+                  views[i].flip, destination(views[i]));
+  }
 }
 
 }  // namespace conveyor

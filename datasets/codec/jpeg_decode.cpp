@@ -348,16 +348,7 @@ struct JpegDecoder::State {
     width = std::clamp(width, 1, full_w - x);
     height = std::clamp(height, 1, full_h - y);
 
-    int scale = 8;
-    for (int m = 1; m <= 8; ++m) {
-      // By default 1/8, 2/8, 4/8 and 8/8: the sizes libjpeg-turbo has SIMD IDCTs for (jpeg.h).
-      if (m < 8 && !options.any_scale && (options.dct_scales >> m & 1u) == 0) continue;
-      if (ceil_div(static_cast<long long>(width) * m, 8) >= min_width &&
-          ceil_div(static_cast<long long>(height) * m, 8) >= min_height) {
-        scale = m;
-        break;
-      }
-    }
+    const int scale = detail::dct_scale_for(width, height, min_width, min_height, options);
     const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
     const bool adobe_inverted = cinfo.saw_Adobe_marker != 0;
     cut_to_segments(x, y, width, height);
@@ -397,6 +388,23 @@ struct JpegDecoder::State {
     return image;
   }
 };
+
+namespace detail {
+
+int dct_scale_for(int width, int height, int min_width, int min_height,
+                  const DecodeOptions& options) {
+  for (int m = 1; m < 8; ++m) {
+    // By default 1/8, 2/8, 4/8 and 8/8: the sizes libjpeg-turbo has SIMD IDCTs for (jpeg.h).
+    if (!options.any_scale && (options.dct_scales >> m & 1u) == 0) continue;
+    if (ceil_div(static_cast<long long>(width) * m, 8) >= min_width &&
+        ceil_div(static_cast<long long>(height) * m, 8) >= min_height) {
+      return m;
+    }
+  }
+  return 8;
+}
+
+}  // namespace detail
 
 JpegDecoder::JpegDecoder(DecodeLimits limits, DecodeOptions options)
     : state_(std::make_unique<State>(limits, options)) {}

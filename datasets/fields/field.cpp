@@ -131,6 +131,11 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
       throw bad("follows \"" + detail::printable(follows) +
                 "\", which is not an image field of the same source");
     }
+    if (!leader->transform.views.empty()) {
+      throw bad("follows \"" + detail::printable(follows) +
+                "\", an image with views: masks, boxes, points and plans follow an image of one "
+                "view, for now");
+    }
     if (leader->transform.size <= 0) throw bad("the image's transform size must be positive");
   };
   // A ragged field of items of `item_values` float32 values (boxes, points).
@@ -222,6 +227,20 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
       return spec;
   }
   throw bad("an unknown kind");
+}
+
+std::vector<FieldSpec> Field::specs(const std::string& name, const Field* leader) const {
+  if (kind != Kind::kImage || transform.views.empty()) return {spec(name, leader)};
+  std::vector<FieldSpec> out;
+  for (const ViewGroup& group : view_groups(transform)) {
+    Field one = *this;
+    one.transform = group.transform;
+    one.transform.layout = transform.layout;
+    FieldSpec spec = one.spec(group.name, leader);
+    spec.sample_shape.insert(spec.sample_shape.begin(), group.count);
+    out.push_back(std::move(spec));
+  }
+  return out;
 }
 
 namespace detail {

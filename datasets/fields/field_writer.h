@@ -42,6 +42,11 @@ class FieldWriter {
  public:
   virtual ~FieldWriter() = default;
   virtual void write(const Member& member, const SampleContext& ctx, std::byte* row) = 0;
+  // A field of several batch fields (an image with views: one per group) writes them all from
+  // one member: rows[0 .. Field::specs().size()). The default writes rows[0] with write().
+  virtual void write_rows(const Member& member, const SampleContext& ctx, std::byte* const* rows) {
+    write(member, ctx, rows[0]);
+  }
   // What an image writer measured of its last write(); zero for the other kinds.
   struct Timing {
     uint64_t decode_ns = 0;

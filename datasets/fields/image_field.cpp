@@ -21,6 +21,13 @@ class ImageFieldWriter final : public FieldWriter {
     writer_.write(member.data, member.size, ctx, row);
   }
 
+  void write_rows(const Member& member, const SampleContext& ctx, std::byte* const* rows) override {
+    if (member.encoding != MemberEncoding::kFile) {
+      throw_unreadable(name_, member, "an image file (decoded pixels are an array field's)");
+    }
+    writer_.write_groups(member.data, member.size, ctx, rows);
+  }
+
   const ImagePlan* published_plan() const override { return &writer_.last_plan(); }
 
   Timing last_timing() const override {

@@ -1,6 +1,7 @@
 // FieldSource (conveyor/fields.h): what every source of named fields shares. The kind
 // (sample_kind.h) says what sample i's members are; this file finds each field's member and has
 // its writer (fields/field_writer.h) write it into the row, and counts where the time went.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -77,8 +78,17 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
       for (size_t l = 0; l < fields_.size(); ++l) {
         if (fields_[l].first == field.follows) leader = l;
       }
+      // A mask that names a group of an image with views follows that image.
+      for (size_t l = 0; l < fields_.size() && !leader; ++l) {
+        for (const ViewGroup& g : fields_[l].second.transform.views) {
+          if (fields_[l].second.kind == Field::Kind::kImage && g.name == field.follows) leader = l;
+        }
+      }
     }
-    specs_.push_back(field.spec(name, leader ? &fields_[*leader].second : nullptr));
+    first_row_.push_back(specs_.size());
+    for (FieldSpec& spec : field.specs(name, leader ? &fields_[*leader].second : nullptr)) {
+      specs_.push_back(std::move(spec));
+    }
     keys_.push_back(field.key_list());
     leader_of_.push_back(leader);
   }
@@ -98,7 +108,7 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
                                     ", which is not a field of the source (boxes "
                                     "without labels: paired=())");
       }
-      if (fields_[p].second.kind != Field::Kind::kArray || !specs_[p].ragged()) {
+      if (fields_[p].second.kind != Field::Kind::kArray || !specs_[first_row_[p]].ragged()) {
         throw std::invalid_argument(label +
                                     ", which is not a ragged array (shape (-1, ...): one row "
                                     "per box)");
@@ -108,6 +118,18 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
       }
       paired_[f].push_back(p);
     }
+  }
+  // A view group's field is named after its group: no two batch fields may share a name.
+  std::set<std::string> batch_names;
+  for (const FieldSpec& spec : specs_) {
+    if (!batch_names.insert(spec.name).second) {
+      throw std::invalid_argument(detail::field_label(spec.name) +
+                                  " is named twice (a view group is a field of its name)");
+    }
+  }
+  if (specs_.size() > 16) {
+    throw std::invalid_argument("a source has 1 to 16 fields (view groups included), not " +
+                                std::to_string(specs_.size()));
   }
   // Leaders (and fields that follow nothing) first, in the declared order; then the followers.
   for (int followers = 0; followers < 2; ++followers) {
@@ -130,7 +152,7 @@ void FieldSource::prepare(size_t workers) {
     auto w = std::make_unique<Worker>();
     for (size_t f = 0; f < fields_.size(); ++f) {
       w->writers.push_back(
-          detail::make_field_writer(fields_[f].first, fields_[f].second, specs_[f]));
+          detail::make_field_writer(fields_[f].first, fields_[f].second, specs_[first_row_[f]]));
     }
     workers_.push_back(std::move(w));
   }
@@ -165,9 +187,9 @@ void FieldSource::write_fields(Worker& w, const SampleContext& ctx, std::byte* c
         throw std::logic_error("conveyor: " + detail::field_label(fields_[f].first) +
                                " follows a field that published no plan");
       }
-      w.writers[f]->write_following(member, ctx, *plan, rows[f]);
+      w.writers[f]->write_following(member, ctx, *plan, rows[first_row_[f]]);
     } else {
-      w.writers[f]->write(member, ctx, rows[f]);
+      w.writers[f]->write_rows(member, ctx, rows + first_row_[f]);
     }
     const detail::FieldWriter::Timing t = w.writers[f]->last_timing();
     if (t.scale > 0) {
@@ -186,7 +208,7 @@ void FieldSource::write_fields(Worker& w, const SampleContext& ctx, std::byte* c
       throw std::logic_error("conveyor: " + detail::field_label(fields_[f].first) +
                              " published no rows");
     }
-    for (const size_t p : paired_[f]) keep_paired_rows(f, p, *kept, rows[p]);
+    for (const size_t p : paired_[f]) keep_paired_rows(f, p, *kept, rows[first_row_[p]]);
   }
 }
 
@@ -199,7 +221,7 @@ void FieldSource::keep_paired_rows(size_t boxes, size_t paired, const detail::Ke
         " rows and its boxes (" + detail::field_label(fields_[boxes].first) + ") " +
         std::to_string(kept.rows) + ": a field paired with boxes has one row per box");
   }
-  const size_t bytes = specs_[paired].item_bytes();
+  const size_t bytes = specs_[first_row_[paired]].item_bytes();
   for (size_t i = 0; i < kept.kept.size(); ++i) {
     if (kept.kept[i] != i) {
       std::memmove(items.items() + i * bytes, items.items() + kept.kept[i] * bytes, bytes);
@@ -228,7 +250,7 @@ std::optional<SampleSource::EncodedImageField> FieldSource::encoded_image_field(
   }
   for (size_t f = 0; f < fields_.size(); ++f) {
     if (fields_[f].second.kind == Field::Kind::kImage) {
-      return EncodedImageField{f, fields_[f].second.transform};
+      return EncodedImageField{first_row_[f], fields_[f].second.transform};
     }
   }
   return std::nullopt;
@@ -238,17 +260,22 @@ SampleSource::Encoded FieldSource::read_encoded(const SampleContext& ctx,
                                                 std::vector<uint8_t>& buffer,
                                                 std::byte* const* fields) {
   const std::optional<EncodedImageField> image = encoded_image_field();
-  if (!image) return SampleSource::read_encoded(ctx, buffer, fields);  // throws
+  if (!image || !image->transform.views.empty()) {
+    return SampleSource::read_encoded(ctx, buffer, fields);  // throws
+  }
   Worker& w = *workers_.at(ctx.worker);
   read_members(w, ctx);
-  const detail::Member& member = member_of(w.members, image->field);
+  // Without views each field is one batch field: the image's batch field is its field.
+  const size_t image_field = static_cast<size_t>(
+      std::find(first_row_.begin(), first_row_.end(), image->field) - first_row_.begin());
+  const detail::Member& member = member_of(w.members, image_field);
   if (member.encoding != detail::MemberEncoding::kFile) {
-    throw std::runtime_error(detail::field_label(fields_[image->field].first) +
+    throw std::runtime_error(detail::field_label(fields_[image_field].first) +
                              ": its member is not an image file");
   }
   // The bytes outlive this worker's next read: the caller holds several at once.
   buffer.assign(member.data, member.data + member.size);
-  write_fields(w, ctx, fields, image->field);
+  write_fields(w, ctx, fields, image_field);
   return {buffer.data(), buffer.size()};
 }
 

@@ -86,6 +86,12 @@ GpuDecodeStage::Plan GpuDecodeStage::make(const Parts& parts,
                   "(SampleSource::encoded_image_field)";
     return plan;
   }
+  if (!image->transform.views.empty()) {
+    plan.status = unused +
+                  "the image has several views (ImageTransform::views), which the CPU "
+                  "decodes once per image for all of them";
+    return plan;
+  }
   if (const std::string wrong = unfit_image_field(*image, fields); !wrong.empty()) {
     plan.status = unused + "the source's encoded image field " + wrong;
     return plan;

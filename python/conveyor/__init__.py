@@ -40,7 +40,7 @@ from .loader import Batch, DataLoader  # noqa: E402
 from .samplers import (DistributedSampler, RandomSampler, RASampler, Sampler,  # noqa: E402
                        SequentialSampler)
 from .transforms import (ALL_DCT_SCALES, FULL_DCT_SCALE, SIMD_DCT_SCALES,  # noqa: E402
-                         RandomResizedCrop, Resize, ResizeCenterCrop, Transform,
+                         RandomResizedCrop, Resize, ResizeCenterCrop, Transform, Views,
                          eval_transform, train_transform)
 
 __version__ = "0.1.0"
@@ -93,7 +93,7 @@ __all__ = [
     "Field", "Image", "Mask", "Boxes", "Points", "Plan", "Int", "Float", "Array", "Bytes", "Text",
     "Json", "FieldBatch",
     "Sampler", "SequentialSampler", "RandomSampler", "DistributedSampler", "RASampler",
-    "Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "train_transform",
+    "Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "Views", "train_transform",
     "eval_transform", "SIMD_DCT_SCALES", "FULL_DCT_SCALE", "ALL_DCT_SCALES",
     "normalize", "generate_image_folder", "make_photo_jpeg", "cuda_available",
     "IMAGENET_MEAN", "IMAGENET_STD",

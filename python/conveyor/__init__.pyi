@@ -2,7 +2,7 @@
 # the .py files (help(conveyor.DataLoader)).
 import os
 from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple,
-                    Union)
+                    Union, overload)
 
 import torch
 
@@ -52,6 +52,15 @@ class Resize(Transform):
     def __init__(self, size: Union[int, Sequence[int]], *, layout: str = ...,
                  exif_orientation: bool = ..., max_pixels: int = ...,
                  dct_scales: int = ...) -> None: ...
+
+class Views(Transform):
+    groups: Dict[str, Tuple[int, Transform]]
+    decode_once: bool
+    def __init__(self, groups: Mapping[str, Tuple[int, Transform]], *, layout: str = ...,
+                 exif_orientation: bool = ..., max_pixels: int = ..., dct_scales: int = ...,
+                 decode_once: bool = ...) -> None: ...
+    @property
+    def output_shape(self) -> Dict[str, Tuple[int, int, int, int]]: ...  # type: ignore[override]
 
 def train_transform(size: int = ..., **kwargs: Any) -> RandomResizedCrop: ...
 def eval_transform(size: int = ..., resize: int = ..., **kwargs: Any) -> ResizeCenterCrop: ...
@@ -244,6 +253,10 @@ class Batch(Tuple[torch.Tensor, ...]):
     augment_params: Optional[Dict[str, Any]]
     epoch: int
     sequence: int
+    @overload  # type: ignore[override]
+    def __getitem__(self, key: Union[int, str]) -> torch.Tensor: ...
+    @overload
+    def __getitem__(self, key: slice) -> Tuple[torch.Tensor, ...]: ...
     def field(self, name: str) -> torch.Tensor: ...
     @property
     def images(self) -> torch.Tensor: ...

@@ -383,7 +383,7 @@ def make_field_batch(kinds: Mapping[str, Field], raw) -> FieldBatch:
     batch = FieldBatch()
     device_tensors = []
     for tensor, offset, name in zip(tensors, offsets, names):
-        field = kinds[name]
+        field = kinds.get(name)  # None for a view group's field: an image's (conveyor.Views)
         if isinstance(field, (Text, Json, Bytes)):
             rows = _rows(tensor, offset)
             if isinstance(field, Json):

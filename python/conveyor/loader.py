@@ -60,6 +60,13 @@ class Batch(tuple):
         batch._fence = fence  # the end of the batch's own copy to the device; None on the CPU
         return batch
 
+    def __getitem__(self, key):
+        """``batch[i]`` (a tuple's item, a slice) or ``batch["name"]`` (the field of that name:
+        ``batch["global"]`` of a ``conveyor.Views`` transform)."""
+        if isinstance(key, str):
+            return self.field(key)
+        return tuple.__getitem__(self, key)
+
     def field(self, name: str) -> torch.Tensor:
         try:
             return self[self.names.index(name)]

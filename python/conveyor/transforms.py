@@ -7,11 +7,11 @@ covers its output. They are not callables on tensors: pass one to a dataset.
 
 from __future__ import annotations
 
-from typing import Sequence, Tuple, Union
+from typing import Dict, Mapping, Sequence, Tuple, Union
 
 from . import _C, _options
 
-__all__ = ["Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize",
+__all__ = ["Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "Views",
            "train_transform", "eval_transform", "SIMD_DCT_SCALES", "FULL_DCT_SCALE",
            "ALL_DCT_SCALES"]
 
@@ -146,6 +146,74 @@ class Resize(Transform):
                  max_pixels: int = 100_000_000, dct_scales: int = SIMD_DCT_SCALES) -> None:
         super().__init__(size, layout=layout, exif_orientation=exif_orientation,
                          max_pixels=max_pixels, dct_scales=dct_scales)
+
+
+class Views(Transform):
+    """Several views of each image, in named groups: each group is ``(count, transform)``, and
+    becomes a batch field named after it, uint8 [B, count, 3, S, S] (or [B, count, S, S, 3] for
+    ``layout="HWC"``), S being its transform's size. DINOv2's multi-crop:
+
+        dino = conveyor.Views({
+            "global": (2, conveyor.RandomResizedCrop(224, scale=(0.32, 1.0), flip=True)),
+            "local":  (8, conveyor.RandomResizedCrop(96, scale=(0.05, 0.32), flip=True))})
+        data = conveyor.ImageFolder(root, transform=dino)  # batch["global"], ["local"], ["label"]
+
+    The views are numbered 0..N-1 in group order, each drawn from its own stream
+    (seed, epoch, index, view): the same for any number of workers and after a resume, and one
+    group of one view is that group's transform, bit for bit. Each image is decoded once for all
+    its views (the bounding box of their boxes, at the finest DCT scale any of them needs), and
+    every view is resized from that decode; ``decode_once=False`` decodes each view on its own
+    instead (slower; each view is then exactly the bytes it has alone). Only the groups'
+    geometry (mode, size, scale, ratio, resize, flip) is theirs: ``layout``,
+    ``exif_orientation``, ``max_pixels`` and ``dct_scales`` are the Views' own, for every view.
+    GPU decode leaves such images to the CPU workers, and its status says so.
+    """
+
+    _mode = "random_resized_crop"
+
+    def __init__(self, groups: Mapping[str, Tuple[int, Transform]], *, layout: str = "CHW",
+                 exif_orientation: bool = False, max_pixels: int = 100_000_000,
+                 dct_scales: int = SIMD_DCT_SCALES, decode_once: bool = True) -> None:
+        if not isinstance(groups, Mapping) or not groups:
+            raise ValueError("conveyor: Views takes a dict of groups, "
+                             "{name: (count, transform)}, not " + repr(groups))
+        parsed: Dict[str, Tuple[int, Transform]] = {}
+        for name, group in groups.items():
+            try:
+                count, transform = group
+            except (TypeError, ValueError):
+                raise ValueError(f"conveyor: view group {name!r} must be (count, transform), "
+                                 f"not {group!r}") from None
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"conveyor: a view group's name is a non-empty str, not {name!r}")
+            if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 256:
+                raise ValueError(f"conveyor: view group {name!r}: count must be an int in "
+                                 f"1..256, not {count!r}")
+            if not isinstance(transform, Transform) or isinstance(transform, Views):
+                raise ValueError(f"conveyor: view group {name!r}: the transform must be a "
+                                 f"conveyor transform (RandomResizedCrop, ...), not {transform!r}")
+            parsed[name] = (count, transform)
+        self.groups = parsed
+        first = next(iter(parsed.values()))[1]
+        super().__init__(first.size, layout=layout, exif_orientation=exif_orientation,
+                         max_pixels=max_pixels, dct_scales=dct_scales)
+        self.decode_once = bool(decode_once)
+        views = []
+        for name, (count, transform) in parsed.items():
+            views.append(_options.make(_C.ViewGroup, name=name, count=count,
+                                       transform=transform._cpp))
+        self._cpp.views = views
+        self._cpp.decode_views_once = self.decode_once
+
+    @property
+    def output_shape(self):
+        """Each group's shape for one image: {name: (count, 3, S, S)} (or (count, S, S, 3))."""
+        return {name: (count, 3, t.size, t.size) if self.layout == "CHW"
+                else (count, t.size, t.size, 3) for name, (count, t) in self.groups.items()}
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name!r}: ({count}, {t!r})" for name, (count, t) in self.groups.items())
+        return f"conveyor.Views({{{inner}}}, layout={self.layout!r})"
 
 
 def train_transform(size: int = 224, **kwargs) -> RandomResizedCrop:

@@ -87,7 +87,14 @@ void bind_options(py::module_& m) {
       .def_readwrite("layout", &ImageTransform::layout)
       .def_readwrite("limits", &ImageTransform::limits)
       .def_readwrite("exif_orientation", &ImageTransform::exif_orientation)
-      .def_readwrite("dct_scales", &ImageTransform::dct_scales);
+      .def_readwrite("dct_scales", &ImageTransform::dct_scales)
+      .def_readwrite("views", &ImageTransform::views)
+      .def_readwrite("decode_views_once", &ImageTransform::decode_views_once);
+  py::class_<ViewGroup>(m, "ViewGroup", "conveyor::ViewGroup (conveyor/sample_source.h)")
+      .def(py::init<>())
+      .def_readwrite("name", &ViewGroup::name)
+      .def_readwrite("count", &ViewGroup::count)
+      .def_readwrite("transform", &ViewGroup::transform);
 
   // Where ImageSource::image_folder and file_list read (its storage is C++'s only, for now).
   py::class_<FolderOptions>(m, "FolderOptions", "conveyor::FolderOptions (conveyor/datasets.h)")

@@ -121,7 +121,8 @@ def test_the_transform_keywords_fill_the_engines_transform():
                    "scale_max": 0.75, "ratio_min": 0.5, "ratio_max": 2.0,
                    "flip_probability": 0.3, "layout": "HWC",
                    "limits": {"max_pixels": 12345, "max_scans": 500},
-                   "exif_orientation": True, "dct_scales": conveyor.ALL_DCT_SCALES}
+                   "exif_orientation": True, "dct_scales": conveyor.ALL_DCT_SCALES,
+                   "views": [], "decode_views_once": True}
     assert set(got) == set(_options.fields(_C.ImageTransform))
     assert _options.to_dict(conveyor.ResizeCenterCrop(32, resize=40)._cpp)["mode"] == \
         "resize_center_crop"

@@ -169,6 +169,11 @@ struct Field {
   // and throws for a mask (or boxes, points, a plan) without one, or with a leader that is not
   // an image.
   FieldSpec spec(const std::string& name, const Field* leader = nullptr) const;
+  // The batch fields this field becomes: {spec(name, leader)}, or for an image whose transform
+  // has views (ImageTransform::views), one field per group, named after the group, uint8
+  // [count, 3, S, S] (or [count, S, S, 3]) with S the group's size; `name` is then unused.
+  // Throws as spec() does, and std::invalid_argument for views that view_groups() refuses.
+  std::vector<FieldSpec> specs(const std::string& name, const Field* leader = nullptr) const;
   // The extensions (or the column) `keys` names, in order.
   std::vector<std::string> key_list() const;
 };
@@ -289,7 +294,8 @@ class FieldSource : public SampleSource {
   void will_write(size_t worker, const size_t* indices, size_t count) override;
   // The first image field, when it has one, for GPU decode (SampleSource::encoded_image_field).
   // None when a field follows an image (a mask): such samples are decoded on the CPU, where the
-  // image's plan is published to its followers.
+  // image's plan is published to its followers. An image with views is named with its
+  // transform, whose views the loader's GPU decode leaves to the CPU, saying so in its status.
   std::optional<EncodedImageField> encoded_image_field() const override;
   Encoded read_encoded(const SampleContext& ctx, std::vector<uint8_t>& buffer,
                        std::byte* const* fields) override;
@@ -325,9 +331,10 @@ class FieldSource : public SampleSource {
                     std::optional<size_t> skip);
   std::unique_ptr<Kind> kind_;
   Fields fields_;
-  std::vector<FieldSpec> specs_;
+  std::vector<FieldSpec> specs_;  // the batch's fields: each field's specs(), in order
   std::vector<std::vector<std::string>> keys_;    // per field: Field::key_list()
   std::vector<std::optional<size_t>> leader_of_;  // per field: the image field it follows
+  std::vector<size_t> first_row_;                 // per field: its first batch field (specs_)
   std::vector<size_t> write_order_;               // leaders before the fields that follow them
   std::vector<std::vector<size_t>> paired_;       // per boxes field: the fields paired with it
   // Drops the rows of field `paired`'s row that boxes field `boxes` dropped (its writer's

@@ -89,6 +89,8 @@ struct SampleContext {
 enum class ImageLayout { kCHW, kHWC };
 
 // How each decoded image becomes a fixed-size uint8 RGB row.
+struct ViewGroup;
+
 struct ImageTransform {
   enum class Mode {
     kRandomResizedCrop,  // torchvision RandomResizedCrop(size, scale, ratio), training
@@ -113,10 +115,37 @@ struct ImageTransform {
   // Parse the MCUs outside the crop's columns without storing them
   // (DecodeOptions::discard_outside_crop). The same pixels either way; off only to compare.
   bool discard_outside_crop = true;
+  // Several views of each image (DINOv2's 2 global + 8 local crops, SimCLR's 2): named groups,
+  // each of `count` views made by its own transform's geometry (mode, size, resize, scale, ratio,
+  // flip_probability). Empty (the default): one view of this transform, as always. With groups,
+  // an image field becomes one field per group, named after it, of shape [count, 3, S, S] (or
+  // [count, S, S, 3]) with S its group's size; this transform's layout, limits,
+  // exif_orientation, dct_scales and discard_outside_crop apply to every view, and its own
+  // geometry is unused. plan_image() (conveyor/image_plan.h) numbers the views 0..N-1 in group
+  // order, so one group of count 1 is that group's transform, bit for bit.
+  std::vector<ViewGroup> views;
+  // With views: decode the image once, the bounding box of every view's box at the finest DCT
+  // scale any view needs, and resize each view from it (true, the default); or decode each view
+  // on its own (false: each view is the bytes it has alone, at the cost of one decode per view).
+  bool decode_views_once = true;
 
   static ImageTransform train(int size = 224);
   static ImageTransform eval(int size = 224, int resize = 256);
 };
+
+// A named group of views (ImageTransform::views): `count` views, each drawn by `transform`'s
+// geometry from its own random stream. Requires a name that no other field or group has, count
+// >= 1, transform.size >= 1 and no views of its own (ImageWriter and Field::spec throw
+// std::invalid_argument naming the group otherwise).
+struct ViewGroup {
+  std::string name;
+  int count = 1;
+  ImageTransform transform;
+};
+
+// The views of `transform` by group: its groups, or one unnamed group of count 1 whose transform
+// is `transform` itself when it has none.
+std::vector<ViewGroup> view_groups(const ImageTransform& transform);
 
 // Thrown by a source to stop its loader whatever the ErrorPolicy (the user's code asked to stop:
 // a Python dataset's __getitem__ raised KeyboardInterrupt or SystemExit). The loader never
@@ -201,7 +230,11 @@ struct CropBox {
 CropBox choose_crop(const ImageTransform& transform, int width, int height, uint64_t seed,
                     uint64_t epoch, size_t index);
 
-// Decodes the image file `bytes` and writes the transformed image to `out` (size*size*3 bytes).
+// The bytes of one view of group `group` of view_groups(transform): size * size * 3.
+size_t view_bytes(const ImageTransform& transform, size_t group);
+
+// Decodes the image file `bytes` and writes the transformed image to `out` (size*size*3 bytes;
+// with views, every group's views back to back, in group order: write_groups()).
 // The format is found by the bytes' content (JPEG, PNG; any other format, or bytes of none, throw
 // naming what was found), and every format gets the same crop (choose_crop), resize and flip:
 // 8-bit RGB, alpha dropped, gray replicated, 16-bit PNG samples rounded to the nearest 8-bit
@@ -214,8 +247,17 @@ class ImageWriter {
   ImageWriter(ImageWriter&&) noexcept;
   ImageWriter& operator=(ImageWriter&&) noexcept;
   void write(const uint8_t* bytes, size_t size, const SampleContext& ctx, std::byte* out);
+  // The same, one row per group of view_groups(transform()): group_rows[g] receives group g's
+  // count views of view_bytes(transform(), g) bytes each, back to back. Several views are
+  // decoded once (ImageTransform::decode_views_once): the bounding box of their boxes, at the
+  // finest DCT scale any of them needs alone; a view is then the bytes it has alone when its own
+  // scale is that scale, and otherwise resized from finer pixels than alone (docs/design.md,
+  // "Views", gives the measured difference).
+  void write_groups(const uint8_t* bytes, size_t size, const SampleContext& ctx,
+                    std::byte* const* group_rows);
   const ImageTransform& transform() const;
-  // The DCT scale numerator (of 8) used by the last write, for statistics.
+  // The DCT scale numerator (of 8) used by the last write, for statistics (with views decoded one
+  // by one, the finest of theirs).
   int last_scale() const;
   // The plan the last write executed (plan_image() of the transform, the image's upright size and
   // the sample's context), which the fields that follow the image read. Empty before any write;
