@@ -173,8 +173,12 @@ bool HuffmanScanDecoder::start(j_decompress_ptr cinfo) {
     block_ac_[static_cast<size_t>(b)] = static_cast<uint8_t>(c->ac_tbl_no);
   }
 
-  // The de-stuffed copy of the scan, up to EOI, its restart segments noted. As libjpeg's bit
-  // reader does, 0xFF followed by more 0xFF (fill) and then 0x00 is one 0xFF data byte.
+  // The de-stuffed copy of the scan, up to EOI, its restart segments noted. 0xFF 0x00 is one 0xFF
+  // data byte; fill bytes (more 0xFF) may come before a marker only. 0xFF 0xFF .. 0x00, which
+  // the standard does not allow, is refused: libjpeg-turbo's output for it depends on its path
+  // (decode_mcu_fast takes the second 0xFF for a marker and hands the MCU to decode_mcu_slow,
+  // which reads one 0xFF data byte but leaves in the blocks the coefficients of the fast path's
+  // try that it does not overwrite; conveyor-entropy-fuzz's finding, 2026-12-04).
   const uint8_t* in = cinfo->src->next_input_byte;
   const size_t n = cinfo->src->bytes_in_buffer;
   scan_.resize(n + kPadding);
@@ -190,10 +194,12 @@ bool HuffmanScanDecoder::start(j_decompress_ptr cinfo) {
     i += run;
     if (i == n) break;
     ++i;  // the 0xFF
+    const size_t first = i;
     while (i < n && in[i] == 0xFF) ++i;
     if (i == n) break;
     const uint8_t marker = in[i++];
     if (marker == 0x00) {
+      if (i - 1 != first) return false;  // fill bytes before a stuffed 0xFF
       scan_[out++] = 0xFF;
     } else if (marker >= 0xD0 && marker <= 0xD7) {
       const size_t expected = 0xD0 + (segment_end_.size() % 8);

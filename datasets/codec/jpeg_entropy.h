@@ -9,7 +9,8 @@
 // (interleaved, or a one-component file), any sampling factors whose MCU has at most 10 blocks
 // (4:2:0, 4:2:2, 4:4:4, 4:4:0, 4:1:1, gray), with or without restart markers. Anything else is
 // refused by start(): progressive, arithmetic-coded, 12-bit, lossless, multi-scan files, a scan
-// whose tables are missing or invalid, a scan that does not end at EOI.
+// whose tables are missing or invalid, a scan that does not end at EOI, fill bytes before a stuffed
+// 0xFF (0xFF 0xFF 0x00, where libjpeg-turbo's output depends on its path).
 //
 // Speed design: the scan is copied once with its byte stuffing removed (0xFF00 -> 0xFF, fill
 // bytes dropped) and its restart markers noted as segment offsets, so that the bit reader's refill
