@@ -133,7 +133,7 @@ grep -q '"conveyor_bench": {"h2d_gb_per_s"' "$tmp/out/bench.json" 2>/dev/null &&
 has "the Debug list" 'tests \(Debug\) loader_gpu_test.debug: ok'
 has "skips are counted with their reason" 'gpudecode_gpu_test: 2 skipped: GPU decode unavailable: libnvjpeg.so.13 could not create the hardware backend \(e.g. GpuDecode.A\)'
 hasnt "without a GPU, GPU decode's skips are expected" 'PROBLEM:'
-has "the limits add up to the deadline" 'deadline 320 s'
+has "the limits add up to the deadline" 'deadline 385 s'
 
 # 2. A step cut by its limit: SKIPPED (deadline), the run still green, and soon over.
 healthy

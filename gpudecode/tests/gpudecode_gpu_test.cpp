@@ -296,10 +296,24 @@ std::vector<uint8_t> corrupt_scan(std::vector<uint8_t> file) {
   return file;
 }
 
+// The photo cut in the middle of its scan: no EOI.
+std::vector<uint8_t> truncated_scan(std::vector<uint8_t> file) {
+  file.resize(file.size() / 2);
+  return file;
+}
+
+// Two damaged scans in a batch of four photos, the whole image resized (so that the CPU path
+// decodes every row: a crop above the damage would decode only its own rows, and never see it):
+// - cut short (no EOI): the GPU route sends it to the CPU before nvJPEG sees it, and the CPU path
+//   refuses it, so it never becomes a row;
+// - scrambled in the middle without a marker: the entropy-coded data of a baseline JPEG has no
+//   redundancy to check when its Huffman tables fill their code space, so neither decoder has to
+//   notice (on an H200, driver 580, nvJPEG 13, the hardware decoded it and libjpeg-turbo accepted
+//   it: wrong pixels from both, docs/gpu.md). What holds for it is the rest: a row the hardware
+//   refuses is never written, the stream is idle after the call, and the next call is healthy.
 TEST_F(GpuDecode, ACorruptScanNeverBecomesARowAndTheStreamIsIdleAfterARefusedBatch) {
-  std::vector<std::vector<uint8_t>> files = photos(4, 300);
-  files[2] = corrupt_scan(files[2]);
-  const ImageTransform t = ImageTransform::train(96);
+  ImageTransform t = ImageTransform::train(96);
+  t.mode = ImageTransform::Mode::kResize;
   GpuDecodeOptions o;
   o.transform = t;
   GpuCropDecoder decoder(o);
@@ -307,40 +321,54 @@ TEST_F(GpuDecode, ACorruptScanNeverBecomesARowAndTheStreamIsIdleAfterARefusedBat
               decoder.status().strict ? "yes" : "no");
   EXPECT_TRUE(decoder.status().strict) << "the hardware backend refused the strict flag";
   ImageWriter writer(t);
-  std::vector<GpuJpeg> batch = batch_of(files, 3);
-  batch[2].name = "/data/corrupt-scan.jpg";
-  EXPECT_THROW(cpu_row(writer, batch[2]), JpegError) << "the CPU path must refuse the file too";
+  CudaStream stream(0);
   const at::Tensor rows = at::full({4, 3, t.size, t.size}, 0x5A,
                                    at::TensorOptions().dtype(at::kByte).device(at::kCUDA));
-  CudaStream stream(0);
-  const GpuDecodeResult result =
-      decoder.decode(batch.data(), batch.size(), rows.data_ptr<uint8_t>(), stream.native_handle());
-  const bool to_cpu =
-      std::find(result.to_cpu.begin(), result.to_cpu.end(), 2u) != result.to_cpu.end();
-  const bool failed =
-      std::any_of(result.failed.begin(), result.failed.end(),
-                  [](const GpuDecodeResult::Failure& f) { return f.position == 2; });
-  std::printf("the corrupt scan: %s; %zu of 4 to the CPU\n",
-              to_cpu   ? "to the CPU"
-              : failed ? "failed"
-                       : "DECODED",
-              result.to_cpu.size());
-  EXPECT_TRUE(to_cpu || failed) << "the hardware decoded a corrupt scan into a row";
-  const at::Tensor row = rows[2].cpu();
-  if (to_cpu || failed) {
-    EXPECT_TRUE(row.eq(0x5A).all().item<bool>()) << "its row was written";
+  for (const bool cut : {true, false}) {
+    std::vector<std::vector<uint8_t>> files = photos(4, 300);
+    files[2] = cut ? truncated_scan(files[2]) : corrupt_scan(files[2]);
+    const char* what = cut ? "the scan cut short" : "the scrambled scan";
+    std::vector<GpuJpeg> batch = batch_of(files, 3);
+    batch[2].name = "/data/corrupt-scan.jpg";
+    bool cpu_refused = false;
+    try {
+      (void)cpu_row(writer, batch[2]);
+    } catch (const JpegError&) {
+      cpu_refused = true;
+    }
+    rows.fill_(0x5A);
+    const GpuDecodeResult result = decoder.decode(batch.data(), batch.size(),
+                                                  rows.data_ptr<uint8_t>(), stream.native_handle());
+    const bool to_cpu =
+        std::find(result.to_cpu.begin(), result.to_cpu.end(), 2u) != result.to_cpu.end();
+    const bool failed =
+        std::any_of(result.failed.begin(), result.failed.end(),
+                    [](const GpuDecodeResult::Failure& f) { return f.position == 2; });
+    std::printf("%s: GPU %s, CPU %s; %zu of 4 to the CPU\n", what,
+                to_cpu   ? "sent it to the CPU"
+                : failed ? "failed it"
+                         : "DECODED it",
+                cpu_refused ? "refuses it" : "accepts it", result.to_cpu.size());
+    if (cut) {
+      EXPECT_TRUE(cpu_refused) << what << ": the CPU path must refuse it";
+      EXPECT_TRUE(to_cpu || failed) << what << ": it became a row on the GPU";
+    }
+    stream.synchronize();
+    if (to_cpu || failed) {
+      EXPECT_TRUE(rows[2].cpu().eq(0x5A).all().item<bool>()) << what << ": its row was written";
+    }
+    if (result.to_cpu.size() == batch.size()) {
+      // nvJPEG refused the whole call (BAD_JPEG): nothing of it may still run on the stream.
+      EXPECT_EQ(cudaStreamQuery(stream.native_handle()), cudaSuccess);
+    }
+    // The next call (nvjpegDecodeBatchedInitialize, a region buffer that may grow) is healthy.
+    files[2] = photos(1, 301)[0];
+    batch = batch_of(files, 3);
+    const GpuDecodeResult next = decoder.decode(batch.data(), batch.size(),
+                                                rows.data_ptr<uint8_t>(), stream.native_handle());
+    EXPECT_TRUE(next.to_cpu.empty() && next.failed.empty()) << "after " << what;
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess);
   }
-  if (result.to_cpu.size() == batch.size()) {
-    // nvJPEG refused the whole call (BAD_JPEG): nothing of it may still run on the stream.
-    EXPECT_EQ(cudaStreamQuery(stream.native_handle()), cudaSuccess);
-  }
-  // The next call (nvjpegDecodeBatchedInitialize, a region buffer that may grow) is healthy.
-  files[2] = photos(1, 301)[0];
-  batch = batch_of(files, 3);
-  const GpuDecodeResult next =
-      decoder.decode(batch.data(), batch.size(), rows.data_ptr<uint8_t>(), stream.native_handle());
-  EXPECT_TRUE(next.to_cpu.empty() && next.failed.empty());
-  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
 }
 
 // An error left pending on the thread by earlier, unrelated work is not the crop kernel's: its
@@ -367,7 +395,18 @@ TEST_F(GpuDecode, TheCropKernelReportsItsOwnLaunchErrorNeverAnEarlierOne) {
   stream.synchronize();
   std::vector<uint8_t> out(row.size());
   ASSERT_EQ(cudaMemcpy(out.data(), row.data(), out.size(), cudaMemcpyDeviceToHost), cudaSuccess);
-  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b == 200; }));
+  // The row the kernel's own arithmetic gives (crop_pixel on the host): libyuv's bilinear, whose
+  // 7-bit horizontal weights make a constant 200 a little darker, not 200 everywhere.
+  std::vector<uint8_t> want(out.size());
+  for (int oy = 0; oy < side; ++oy) {
+    for (int ox = 0; ox < side; ++ox) {
+      uint8_t rgb[3];
+      gpudecode::crop_pixel(region.data(), static_cast<size_t>(width) * 3, plan, ox, oy, rgb);
+      for (int c = 0; c < 3; ++c) want[gpudecode::output_offset(plan, ox, oy, c)] = rgb[c];
+    }
+  }
+  EXPECT_EQ(out, want);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](uint8_t b) { return b >= 196 && b <= 200; }));
 }
 
 TEST_F(GpuDecode, BuffersAreAllocatedUpFrontAndGrowOnlyPastTheExpectedSize) {
