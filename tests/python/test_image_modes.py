@@ -1,8 +1,9 @@
 """Image modes and dtypes (issue 32) from Python: PNG files written by Pillow (RGBA, LA, 16-bit
-gray, palette with tRNS, RGB, L) through conveyor.DataLoader as conveyor.Image(mode=..., dtype=...),
-checked against Pillow's convert() and the box conveyor.Plan reports: exactly where the box is the
-whole image (no resize), and within the bilinear filters' difference where it is resized; the
-RGB channels of "RGBA" are the "RGB" rows, and uint16 is uint8 times 257 for 8-bit files."""
+gray, palette with tRNS, RGB, L) through conveyor.DataLoader as
+conveyor.Image(mode=..., dtype=...), checked against Pillow's convert() and the box that
+conveyor.Plan reports: exactly where the box is the whole image (no resize), and within the
+bilinear filters' difference where it is resized; the RGB channels of "RGBA" are the "RGB" rows,
+and uint16 is uint8 times 257 for 8-bit files."""
 
 from __future__ import annotations
 
