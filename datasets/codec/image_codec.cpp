@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -127,6 +128,19 @@ std::string pixel_limit_exceeded(uint64_t width, uint64_t height, const DecodeLi
 
 SampleRegion ImageDecoder::finish_samples(int, int, int, int) {
   throw ImageDecodeError("this format has no samples mode: a mask is a gray or palette PNG");
+}
+
+RgbaRegion ImageDecoder::finish_rgba(int x, int y, int width, int height, int min_width,
+                                     int min_height, bool) {
+  const DecodedImage image = finish_region(x, y, width, height, min_width, min_height);
+  if (image.channels != 4) throw std::logic_error("finish_rgba needs a decoder of 4 channels");
+  RgbaRegion region;
+  region.pixels = image.pixels;
+  region.width = image.width;
+  region.height = image.height;
+  region.stride = image.stride;
+  region.scale = image.scale;
+  return region;
 }
 
 }  // namespace conveyor::detail

@@ -68,6 +68,21 @@ struct SampleRegion {
   int bit_depth = 8;
 };
 
+// A decoded region's RGBA pixels (ImageDecoder::finish_rgba): `height` rows of `width` pixels of
+// four samples, `stride` bytes apart, each sample one byte (bit_depth 8) or a host-endian uint16
+// (bit_depth 16). `alpha`: whether the fourth sample is the file's alpha; when false the image is
+// opaque and the fourth sample unspecified. `scale` as DecodedImage's. Valid until the next call on
+// the same decoder.
+struct RgbaRegion {
+  const uint8_t* pixels = nullptr;
+  int width = 0;
+  int height = 0;
+  size_t stride = 0;
+  int bit_depth = 8;
+  bool alpha = false;
+  int scale = 8;
+};
+
 // The DCT scale numerator M (of 8) at which JPEG's finish_region decodes a region of width x
 // height asked for at least min_width x min_height: the smallest M that `options` allow
 // (dct_scales, any_scale) whose scaled region, ceil(width * M / 8) x ceil(height * M / 8), is at
@@ -98,6 +113,15 @@ class ImageDecoder {
   // indices (tRNS and the palette's colours ignored). Throws ImageDecodeError for an image of
   // more than one channel, naming its kind; the default throws it for any format without the mode.
   virtual SampleRegion finish_samples(int x, int y, int width, int height);
+  // Instead of finish_region(), for an image output that keeps alpha or 16 bits (ImageOutput):
+  // the same region at the same scale, with the same R, G, B bytes as finish_region()'s RGBX
+  // (requires a decoder made with DecodeOptions::channels 4), the fourth byte the file's alpha
+  // (a PNG's alpha channel or tRNS chunk, a WebP's alpha) where it has one. With `wide`, a 16-bit
+  // file's samples come as they are (bit_depth 16, not rounded to 8 bits); an 8-bit file's come
+  // as 8 bits whatever `wide`. The default: finish_region(), alpha false (JPEG: no alpha, no 16
+  // bits).
+  virtual RgbaRegion finish_rgba(int x, int y, int width, int height, int min_width, int min_height,
+                                 bool wide);
 };
 
 // One row of the codec table.

@@ -10,6 +10,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 
@@ -167,18 +168,22 @@ size_t view_bytes(const ImageTransform& transform, size_t group) {
 
 struct ImageWriter::State {
   ImageTransform transform;
+  ImageOutput output;             // RGB uint8 unless asked
   std::vector<ViewGroup> groups;  // view_groups(transform)
   // One decoder per format met so far (the codec table's, image_codec.h), made on first use.
   std::array<std::unique_ptr<detail::ImageDecoder>, detail::kImageFormatCount> decoders;
   std::vector<uint8_t> scaled;         // side x side RGBX scratch (the largest group's), reused
   std::vector<uint8_t> mirrored;       // side x side RGBX scratch for the flip, reused
   cv::Mat rotated;                     // side x side RGBX scratch for EXIF rotations, reused
+  std::vector<uint8_t> gray;           // an output other than RGB: the region's L as 4-byte pixels
+  std::vector<uint16_t> wide_in;       // the region's plane of one channel, 16 bits
+  std::vector<uint16_t> plane16;       // side x side, one channel, 16 bits
   std::vector<CropBox> stored;         // the plan's boxes in stored pixels, reused
   std::vector<std::byte*> group_rows;  // write()'s rows per group, reused
   int last_scale = 8;
   ImagePlan last_plan;  // the plan the last write executed
   ImageWriter::Timing last_timing;
-  explicit State(ImageTransform t) : transform(t), groups(view_groups(t)) {
+  State(ImageTransform t, const ImageOutput& o) : transform(t), output(o), groups(view_groups(t)) {
     int side = 0;
     for (const ViewGroup& g : groups) side = std::max(side, g.transform.size);
     const size_t bytes = static_cast<size_t>(side) * static_cast<size_t>(side) * 4;
@@ -208,6 +213,22 @@ struct ImageWriter::State {
   // pipeline"): it calls RGBX "ABGR", and its ARGB functions see the bytes R,G,B,X as B,G,R,A,
   // which only renames the planes below.
   void finish_view(ViewPixels in, int side, int orientation, bool flip, uint8_t* dst) {
+    const ViewPixels upright = upright_rgbx(in, side, orientation, flip);
+    const uint8_t* pixels = upright.pixels;
+    const int stride = upright.stride;
+    if (transform.layout == ImageLayout::kHWC) {
+      libyuv::ARGBToRGB24(pixels, stride, dst, side * 3, side, side);  // bytes 0,1,2 of each pixel
+      return;
+    }
+    const size_t plane = static_cast<size_t>(side) * static_cast<size_t>(side);
+    // libyuv's "B" plane is byte 0 of each pixel (R), its "R" plane byte 2 (B); X is dropped.
+    libyuv::SplitARGBPlane(pixels, stride, dst + 2 * plane, side, dst + plane, side, dst, side,
+                           nullptr, 0, side, side);
+  }
+
+  // finish_view()'s pixel work before the layout: the view resized to side x side, upright and
+  // flipped if asked, as RGBX pixels in the decoder's buffer or a scratch buffer.
+  ViewPixels upright_rgbx(ViewPixels in, int side, int orientation, bool flip) {
     const int row = side * 4;
     const uint8_t* pixels = in.pixels;
     int stride = in.stride;
@@ -232,20 +253,129 @@ struct ImageWriter::State {
       pixels = mirrored.data();
       stride = row;
     }
-    if (transform.layout == ImageLayout::kHWC) {
-      libyuv::ARGBToRGB24(pixels, stride, dst, side * 3, side, side);  // bytes 0,1,2 of each pixel
+    return {pixels, stride, side, side};
+  }
+
+  // An output other than RGB uint8 (ImageOutput): one view's RGBA region (stored orientation) ->
+  // its row of output.channels() planes (CHW) or interleaved samples (HWC), uint8 or uint16.
+  // 8-bit samples take finish_view()'s own steps (upright_rgbx), so RGBA's R, G, B are the RGB
+  // row's bytes and L is resized by the same filter; 16-bit samples go plane by plane through
+  // libyuv's 16-bit bilinear plane scaler (the same box and sampling positions; libyuv has no
+  // 16-bit ARGBScale), then OpenCV's rotations and flip.
+  void finish_output_view(const detail::RgbaRegion& in, int side, int orientation, bool flip,
+                          uint8_t* dst) {
+    const size_t area = static_cast<size_t>(side) * static_cast<size_t>(side);
+    const int channels = output.channels();
+    const size_t in_area = static_cast<size_t>(in.width) * static_cast<size_t>(in.height);
+    if (in.bit_depth == 8 && output.mode != ImageOutput::Mode::kL) {
+      const ViewPixels upright = upright_rgbx(
+          {in.pixels, static_cast<int>(in.stride), in.width, in.height}, side, orientation, flip);
+      for (int y = 0; y < side; ++y) {
+        const uint8_t* from = upright.pixels + static_cast<size_t>(y) * upright.stride;
+        for (int x = 0; x < side; ++x, from += 4) {
+          const size_t at = static_cast<size_t>(y) * static_cast<size_t>(side) + x;
+          for (int c = 0; c < channels; ++c) {
+            put(dst, at, c, c == 3 && !in.alpha ? uint16_t{255} : from[c], side, true);
+          }
+        }
+      }
       return;
     }
-    const size_t plane = static_cast<size_t>(side) * static_cast<size_t>(side);
-    // libyuv's "B" plane is byte 0 of each pixel (R), its "R" plane byte 2 (B); X is dropped.
-    libyuv::SplitARGBPlane(pixels, stride, dst + 2 * plane, side, dst + plane, side, dst, side,
-                           nullptr, 0, side, side);
+    if (in.bit_depth == 8) {
+      // L from 8-bit pixels, converted before the resize, in the first byte of 4-byte pixels:
+      // libyuv's ScalePlane rounds otherwise than ARGBScale (up to 3 apart on the same samples),
+      // so L goes through the RGB path's own steps (upright_rgbx), which keeps its filter.
+      if (gray.size() < in_area * 4) gray.resize(in_area * 4);
+      for (int y = 0; y < in.height; ++y) {
+        const uint8_t* from = in.pixels + static_cast<size_t>(y) * in.stride;
+        uint8_t* to = gray.data() + static_cast<size_t>(y) * static_cast<size_t>(in.width) * 4;
+        for (int x = 0; x < in.width; ++x, from += 4, to += 4) {
+          to[0] = static_cast<uint8_t>(
+              (from[0] * 19595u + from[1] * 38470u + from[2] * 7471u + 0x8000u) >> 16);
+        }
+      }
+      const ViewPixels upright =
+          upright_rgbx({gray.data(), in.width * 4, in.width, in.height}, side, orientation, flip);
+      for (int y = 0; y < side; ++y) {
+        const uint8_t* from = upright.pixels + static_cast<size_t>(y) * upright.stride;
+        for (int x = 0; x < side; ++x, from += 4) {
+          put(dst, static_cast<size_t>(y) * static_cast<size_t>(side) + x, 0, from[0], side, true);
+        }
+      }
+      return;
+    }
+    // 16-bit samples: each output channel's plane of the region, resized and turned alone.
+    if (wide_in.size() < in_area) wide_in.resize(in_area);
+    for (int c = 0; c < channels; ++c) {
+      for (int y = 0; y < in.height; ++y) {
+        const uint8_t* from = in.pixels + static_cast<size_t>(y) * in.stride;
+        uint16_t* to = wide_in.data() + static_cast<size_t>(y) * static_cast<size_t>(in.width);
+        for (int x = 0; x < in.width; ++x, from += 8) {
+          uint16_t rgba[4];
+          std::memcpy(rgba, from, sizeof rgba);
+          if (output.mode == ImageOutput::Mode::kL) {
+            to[x] = static_cast<uint16_t>((uint64_t{rgba[0]} * 19595u + uint64_t{rgba[1]} * 38470u +
+                                           uint64_t{rgba[2]} * 7471u + 0x8000u) >>
+                                          16);
+          } else {
+            to[x] = c == 3 && !in.alpha ? uint16_t{65535} : rgba[c];
+          }
+        }
+      }
+      const uint16_t* plane =
+          upright_plane(wide_in.data(), in.width, in.height, side, orientation, flip, plane16);
+      for (size_t at = 0; at < area; ++at) put(dst, at, c, plane[at], side, false);
+    }
+  }
+
+  // A plane of width x height 16-bit samples (contiguous) resized to side x side (libyuv's
+  // bilinear filter), turned upright and mirrored if asked: contiguous in `out`.
+  const uint16_t* upright_plane(const uint16_t* in, int width, int height, int side,
+                                int orientation, bool flip, std::vector<uint16_t>& out) {
+    const size_t area = static_cast<size_t>(side) * static_cast<size_t>(side);
+    if (out.size() < area) out.resize(area);
+    if (width != side || height != side) {
+      libyuv::ScalePlane_16(in, width, width, height, out.data(), side, side, side,
+                            libyuv::kFilterBilinear);
+    } else {
+      std::copy(in, in + area, out.data());
+    }
+    cv::Mat square(side, side, CV_16UC1, out.data());
+    if (orientation != 1) {
+      cv::Mat upright = orient(square, orientation, rotated);
+      if (upright.data != square.data) upright.copyTo(square);
+    }
+    if (flip) cv::flip(square, square, 1);
+    return out.data();
+  }
+
+  // Sample `at` (y * side + x) of channel `c` into the output row: its layout and dtype; an
+  // 8-bit value (`narrow`) in a uint16 row is v * 257.
+  void put(uint8_t* dst, size_t at, int c, uint16_t v, int side, bool narrow) const {
+    const size_t channels = static_cast<size_t>(output.channels());
+    const size_t index =
+        transform.layout == ImageLayout::kHWC
+            ? at * channels + static_cast<size_t>(c)
+            : static_cast<size_t>(c) * static_cast<size_t>(side) * static_cast<size_t>(side) + at;
+    if (output.dtype == c10::ScalarType::Byte) {
+      dst[index] = static_cast<uint8_t>(v);
+      return;
+    }
+    const uint16_t wide = narrow ? static_cast<uint16_t>(v * 257u) : v;
+    std::memcpy(dst + 2 * index, &wide, sizeof wide);
   }
 };
 
-ImageWriter::ImageWriter(ImageTransform transform) {
+ImageWriter::ImageWriter(ImageTransform transform) : ImageWriter(transform, ImageOutput{}) {}
+
+ImageWriter::ImageWriter(ImageTransform transform, const ImageOutput& output) {
   if (transform.size <= 0) throw std::invalid_argument("ImageTransform.size must be positive");
-  state_ = std::make_unique<State>(transform);  // view_groups() checks the groups
+  output.check("ImageWriter");
+  if (!output.is_default() && !transform.views.empty()) {
+    throw std::invalid_argument(
+        "ImageWriter: an image with views is RGB uint8 (the default output), for now");
+  }
+  state_ = std::make_unique<State>(transform, output);  // view_groups() checks the groups
 }
 ImageWriter::~ImageWriter() = default;
 ImageWriter::ImageWriter(ImageWriter&&) noexcept = default;
@@ -314,6 +444,17 @@ void ImageWriter::write_groups(const uint8_t* bytes, size_t size, const SampleCo
         decoder.begin(bytes, size);
       }
       const CropBox& b = s.stored[i];
+      if (!s.output.is_default()) {  // no views: this is the one view
+        const detail::RgbaRegion region =
+            decoder.finish_rgba(b.x, b.y, b.width, b.height, views[i].out_width,
+                                views[i].out_height, s.output.dtype == c10::ScalarType::UInt16);
+        s.last_scale = region.scale;
+        clock.decoding += std::chrono::steady_clock::now() - decode_started;
+        stage.emplace(trace::Name::kResize);
+        s.finish_output_view(region, views[i].out_width, header.orientation, views[i].flip,
+                             destination(views[i]));
+        return;
+      }
       const DecodedImage image = decoder.finish_region(b.x, b.y, b.width, b.height,
                                                        views[i].out_width, views[i].out_height);
       s.last_scale = std::max(s.last_scale, image.scale);

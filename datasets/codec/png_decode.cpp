@@ -163,6 +163,35 @@ class PngDecoder final : public ImageDecoder {
   }
 
   DecodedImage finish_region(int x, int y, int width, int height, int, int) override {
+    return decode_region(x, y, width, height, false, false);
+  }
+
+  // The RGBA pixels with the alpha channel or the tRNS chunk applied (libspng's SPNG_DECODE_TRNS),
+  // and a 16-bit file's samples kept when `wide`.
+  RgbaRegion finish_rgba(int x, int y, int width, int height, int, int, bool wide) override {
+    if (channels_ != 4) throw std::logic_error("finish_rgba needs a decoder of 4 channels");
+    if (!ctx_) throw std::logic_error("PngDecoder::finish_rgba without begin");
+    spng_trns trns{};
+    const bool alpha = ihdr_.color_type == SPNG_COLOR_TYPE_TRUECOLOR_ALPHA ||
+                       ihdr_.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ||
+                       spng_get_trns(ctx_.get(), &trns) == 0;
+    const bool keep = wide && ihdr_.bit_depth == 16;
+    const DecodedImage image = decode_region(x, y, width, height, true, keep);
+    RgbaRegion region;
+    region.pixels = image.pixels;
+    region.width = image.width;
+    region.height = image.height;
+    region.stride = image.stride;
+    region.bit_depth = keep ? 16 : 8;
+    region.alpha = alpha;
+    region.scale = image.scale;
+    return region;
+  }
+
+ private:
+  // finish_region()'s decode; with `trns` the tRNS chunk sets the alpha of RGBA pixels, and with
+  // `keep_wide` a 16-bit file's RGBA16 pixels are returned as they are (8 bytes a pixel).
+  DecodedImage decode_region(int x, int y, int width, int height, bool trns, bool keep_wide) {
     if (!ctx_) throw std::logic_error("PngDecoder::finish_region without begin");
     std::unique_ptr<spng_ctx, SpngFree> ctx = std::move(ctx_);  // freed however this returns
     const int full_w = static_cast<int>(ihdr_.width);
@@ -172,7 +201,9 @@ class PngDecoder final : public ImageDecoder {
     width = std::clamp(width, 1, full_w - x);
     height = std::clamp(height, 1, full_h - y);
     const bool wide = ihdr_.bit_depth == 16;
+    const bool narrowing = wide && !keep_wide;  // 16-bit samples rounded to 8 bits
     const int format = wide ? SPNG_FMT_RGBA16 : channels_ == 4 ? SPNG_FMT_RGBA8 : SPNG_FMT_RGB8;
+    const int flags = trns ? SPNG_DECODE_TRNS : 0;
     const size_t in_pixel = wide ? 8 : static_cast<size_t>(channels_);  // bytes libspng writes
     const size_t out_pixel = static_cast<size_t>(channels_);
     const size_t row_bytes = static_cast<size_t>(full_w) * in_pixel;
@@ -188,11 +219,11 @@ class PngDecoder final : public ImageDecoder {
       size_t size = 0;
       check(spng_decoded_image_size(ctx.get(), format, &size), "sizing the image");
       if (whole_.size() < size) whole_.resize(size);
-      check(spng_decode_image(ctx.get(), whole_.data(), size, format, 0), "decoding the image");
+      check(spng_decode_image(ctx.get(), whole_.data(), size, format, flags), "decoding the image");
       verify_end(ctx.get());
       const uint8_t* region =
           whole_.data() + static_cast<size_t>(y) * row_bytes + static_cast<size_t>(x) * in_pixel;
-      if (!wide) {
+      if (!narrowing) {
         image.pixels = region;
         image.stride = row_bytes;
         return image;
@@ -200,36 +231,35 @@ class PngDecoder final : public ImageDecoder {
       image.stride = static_cast<size_t>(width) * out_pixel;
       if (region_.size() < image.stride * rows) region_.resize(image.stride * rows);
       for (size_t r = 0; r < rows; ++r) {
-        narrow(region + r * row_bytes, region_.data() + r * image.stride, width);
+        narrow(region + r * row_bytes, region_.data() + r * image.stride, width, trns);
       }
       image.pixels = region_.data();
       return image;
     }
     // Rows in order, down to the region's last; the rows above it go through one scratch row.
-    check(spng_decode_image(ctx.get(), nullptr, 0, format, SPNG_DECODE_PROGRESSIVE),
+    check(spng_decode_image(ctx.get(), nullptr, 0, format, SPNG_DECODE_PROGRESSIVE | flags),
           "starting the decode");
     if (scratch_.size() < row_bytes) scratch_.resize(row_bytes);
-    image.stride = wide ? static_cast<size_t>(width) * out_pixel : row_bytes;
+    image.stride = narrowing ? static_cast<size_t>(width) * out_pixel : row_bytes;
     if (region_.size() < image.stride * rows) region_.resize(image.stride * rows);
     const int last = y + height - 1;
     for (int r = 0; r <= last; ++r) {
-      uint8_t* row =
-          r < y || wide ? scratch_.data() : region_.data() + static_cast<size_t>(r - y) * row_bytes;
+      uint8_t* row = r < y || narrowing ? scratch_.data()
+                                        : region_.data() + static_cast<size_t>(r - y) * row_bytes;
       const int status = spng_decode_row(ctx.get(), row, row_bytes);
       if (status != 0 && !(status == SPNG_EOI && r == full_h - 1)) {
         fail("decoding row " + std::to_string(r) + " of " + std::to_string(full_h), status);
       }
-      if (wide && r >= y) {
+      if (narrowing && r >= y) {
         narrow(row + static_cast<size_t>(x) * in_pixel,
-               region_.data() + static_cast<size_t>(r - y) * image.stride, width);
+               region_.data() + static_cast<size_t>(r - y) * image.stride, width, trns);
       }
     }
     if (last == full_h - 1) verify_end(ctx.get());
-    image.pixels = wide ? region_.data() : region_.data() + static_cast<size_t>(x) * in_pixel;
+    image.pixels = narrowing ? region_.data() : region_.data() + static_cast<size_t>(x) * in_pixel;
     return image;
   }
 
- private:
   [[noreturn]] static void fail(const std::string& what, int status) {
     throw ImageDecodeError("PNG decode failed: " + what + ": " + spng_strerror(status));
   }
@@ -241,15 +271,17 @@ class PngDecoder final : public ImageDecoder {
   static void verify_end(spng_ctx* ctx) { check(spng_decode_chunks(ctx), "after the image data"); }
 
   // `width` host-endian RGBA16 pixels to `channels_`-byte pixels, each sample v to the nearest
-  // 8-bit value: (v * 255 + 32767) / 65535 (65535 -> 255, 257 -> 1, 128 -> 0, 129 -> 1).
-  void narrow(const uint8_t* from, uint8_t* to, int width) const {
+  // 8-bit value: (v * 255 + 32767) / 65535 (65535 -> 255, 257 -> 1, 128 -> 0, 129 -> 1). The
+  // fourth byte is the alpha so rounded with `alpha`, else 255.
+  void narrow(const uint8_t* from, uint8_t* to, int width, bool alpha) const {
+    const int samples = alpha && channels_ == 4 ? 4 : 3;
     for (int i = 0; i < width; ++i, from += 8, to += channels_) {
-      for (int c = 0; c < 3; ++c) {
+      for (int c = 0; c < samples; ++c) {
         uint16_t v;
         std::memcpy(&v, from + 2 * c, sizeof v);
         to[c] = static_cast<uint8_t>((v * 255u + 32767u) / 65535u);
       }
-      if (channels_ == 4) to[3] = 255;
+      if (channels_ == 4 && samples == 3) to[3] = 255;
     }
   }
 

@@ -98,6 +98,15 @@ class WebpDecoder final : public ImageDecoder {
     return info;
   }
 
+  // MODE_RGBA's fourth byte is the alpha (255 in a WebP without it).
+  RgbaRegion finish_rgba(int x, int y, int width, int height, int min_width, int min_height,
+                         bool wide) override {
+    const bool alpha = config_.input.has_alpha != 0;
+    RgbaRegion region = ImageDecoder::finish_rgba(x, y, width, height, min_width, min_height, wide);
+    region.alpha = alpha;
+    return region;
+  }
+
   DecodedImage finish_region(int x, int y, int width, int height, int, int) override {
     if (data_ == nullptr) throw std::logic_error("WebpDecoder::finish_region without begin");
     const uint8_t* data = data_;

@@ -25,9 +25,61 @@ Field make(Field::Kind kind, std::string keys) {
 
 }  // namespace
 
-Field Field::image(std::string keys, ImageTransform transform) {
+namespace {
+
+struct ModeName {
+  ImageOutput::Mode mode;
+  const char* name;
+};
+constexpr ModeName kModeNames[] = {{ImageOutput::Mode::kRGB, "RGB"},
+                                   {ImageOutput::Mode::kRGBA, "RGBA"},
+                                   {ImageOutput::Mode::kL, "L"}};
+
+}  // namespace
+
+int ImageOutput::channels() const {
+  switch (mode) {
+    case Mode::kRGBA:
+      return 4;
+    case Mode::kL:
+      return 1;
+    case Mode::kRGB:
+      break;
+  }
+  return 3;
+}
+
+const char* ImageOutput::mode_name(Mode mode) {
+  for (const ModeName& m : kModeNames) {
+    if (m.mode == mode) return m.name;
+  }
+  return "unknown";
+}
+
+ImageOutput::Mode ImageOutput::parse_mode(std::string_view name) {
+  std::string names;
+  for (const ModeName& m : kModeNames) {
+    if (name == m.name) return m.mode;
+    names += std::string(names.empty() ? "" : ", ") + "\"" + m.name + "\"";
+  }
+  throw std::invalid_argument("an image mode is one of " + names + ", not \"" +
+                              detail::printable(std::string(name)) + "\"");
+}
+
+void ImageOutput::check(const std::string& what) const {
+  if (dtype != c10::ScalarType::Byte && dtype != c10::ScalarType::UInt16) {
+    throw std::invalid_argument(what + ": an image's dtype is uint8 or uint16, not " +
+                                c10::toString(dtype));
+  }
+  if (std::string(mode_name(mode)) == "unknown") {
+    throw std::invalid_argument(what + ": an unknown image mode");
+  }
+}
+
+Field Field::image(std::string keys, ImageTransform transform, ImageOutput output) {
   Field f = make(Kind::kImage, std::move(keys));
   f.transform = transform;
+  f.output = output;
   return f;
 }
 
@@ -153,10 +205,12 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
   switch (kind) {
     case Kind::kImage: {
       if (transform.size <= 0) throw bad("the transform's size must be positive");
+      output.check(detail::field_label(name));
       const int64_t s = transform.size;
-      spec.dtype = c10::ScalarType::Byte;
-      spec.sample_shape = transform.layout == ImageLayout::kCHW ? std::vector<int64_t>{3, s, s}
-                                                                : std::vector<int64_t>{s, s, 3};
+      const int64_t c = output.channels();
+      spec.dtype = output.dtype;
+      spec.sample_shape = transform.layout == ImageLayout::kCHW ? std::vector<int64_t>{c, s, s}
+                                                                : std::vector<int64_t>{s, s, c};
       return spec;
     }
     case Kind::kInteger:
@@ -231,6 +285,12 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
 
 std::vector<FieldSpec> Field::specs(const std::string& name, const Field* leader) const {
   if (kind != Kind::kImage || transform.views.empty()) return {spec(name, leader)};
+  if (!output.is_default()) {
+    throw std::invalid_argument(detail::field_label(name) + ": an image with views is RGB uint8 " +
+                                "for now, not mode \"" + ImageOutput::mode_name(output.mode) +
+                                "\" " + c10::toString(output.dtype) +
+                                " (drop the views or the mode and dtype)");
+  }
   std::vector<FieldSpec> out;
   for (const ViewGroup& group : view_groups(transform)) {
     Field one = *this;

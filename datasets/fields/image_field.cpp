@@ -1,4 +1,5 @@
-// The image field (conveyor/fields.h): a JPEG member decoded and transformed by ImageWriter.
+// The image field (conveyor/fields.h): a JPEG, PNG or WebP member decoded and transformed by
+// ImageWriter into its output's channels and dtype (ImageOutput).
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -11,8 +12,8 @@ namespace {
 
 class ImageFieldWriter final : public FieldWriter {
  public:
-  ImageFieldWriter(std::string name, const ImageTransform& transform)
-      : name_(std::move(name)), writer_(transform) {}
+  ImageFieldWriter(std::string name, const ImageTransform& transform, const ImageOutput& output)
+      : name_(std::move(name)), writer_(transform, output) {}
 
   void write(const Member& member, const SampleContext& ctx, std::byte* row) override {
     if (member.encoding != MemberEncoding::kFile) {
@@ -44,7 +45,7 @@ class ImageFieldWriter final : public FieldWriter {
 }  // namespace
 
 std::unique_ptr<FieldWriter> make_image_writer(const std::string& name, const Field& field) {
-  return std::make_unique<ImageFieldWriter>(name, field.transform);
+  return std::make_unique<ImageFieldWriter>(name, field.transform, field.output);
 }
 
 }  // namespace conveyor::detail

@@ -250,6 +250,8 @@ std::optional<SampleSource::EncodedImageField> FieldSource::encoded_image_field(
   }
   for (size_t f = 0; f < fields_.size(); ++f) {
     if (fields_[f].second.kind == Field::Kind::kImage) {
+      // GPU decode makes RGB uint8 rows only: any other output is decoded on the CPU.
+      if (!fields_[f].second.output.is_default()) return std::nullopt;
       return EncodedImageField{first_row_[f], fields_[f].second.transform};
     }
   }

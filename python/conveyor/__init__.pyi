@@ -127,7 +127,10 @@ class Field:
 
 class Image(Field):
     transform: Transform
-    def __init__(self, keys: str = ..., transform: Optional[Transform] = ...) -> None: ...
+    mode: str
+    dtype: torch.dtype
+    def __init__(self, keys: str = ..., transform: Optional[Transform] = ...,
+                 mode: str = ..., dtype: torch.dtype = ...) -> None: ...
 
 class Mask(Field):
     follows: str

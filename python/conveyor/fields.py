@@ -16,7 +16,8 @@ Each field names where it comes from: a shard member's extension (what follows t
 its file name, in lower case; several separated by ``;``, the first a sample has) or a manifest
 column. A batch is a :class:`FieldBatch`, a dict keyed by field name:
 
-- ``Image``: uint8 [B,3,S,S] (or [B,S,S,3]), on the loader's device;
+- ``Image``: uint8 [B,3,S,S] (or [B,S,S,3]), on the loader's device; with ``mode="RGBA"`` or
+  ``"L"``, 4 or 1 channels, and with ``dtype=torch.uint16``, 16-bit samples;
 - ``Int`` / ``Float``: int64 / float32 [B];
 - ``Array``: [B, *shape] of ``dtype``; with a first dimension of -1 (or no shape: any shape,
   flattened) a ``torch.nested`` tensor of ``layout=torch.jagged`` on the loader's device;
@@ -44,7 +45,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
-from . import _C
+from . import _C, _options
 from .transforms import Transform
 
 __all__ = ["Field", "Image", "Mask", "Boxes", "Points", "Plan", "Int", "Float", "Array", "Bytes",
@@ -85,21 +86,48 @@ def _max_bytes(value: Optional[int]) -> int:
 
 class Image(Field):
     """An image member (JPEG, PNG or WebP, each recognised by its content), decoded and transformed
-    on the workers into uint8 rows. The default keys are ``"jpg;jpeg;png;webp"`` (as OpenCLIP reads
-    shards): a sample's first member of those extensions."""
+    on the workers into rows of [C,S,S] (or [S,S,C] with the HWC layout). The default keys are
+    ``"jpg;jpeg;png;webp"`` (as OpenCLIP reads shards): a sample's first member of those
+    extensions.
+
+    ``mode``, Pillow's names: ``"RGB"`` (the default, C = 3: alpha dropped, gray replicated, as
+    ``convert("RGB")``); ``"RGBA"`` (C = 4: the file's alpha, a PNG's alpha channel or tRNS chunk
+    or a WebP's alpha, 255 where the file has none, as ``convert("RGBA")``; R, G, B are the
+    ``"RGB"`` rows exactly); ``"L"`` (C = 1: a gray file's own samples, a colour file converted as
+    ``convert("L")``, ``(R*19595 + G*38470 + B*7471 + 32768) >> 16``, before the resize).
+
+    ``dtype``: ``torch.uint8`` (the default) or ``torch.uint16``. In uint16 a 16-bit PNG's samples
+    are kept as they are (resized in 16 bits), and an 8-bit file's sample v becomes ``v * 257``
+    (255 -> 65535): the uint8 row times 257, exactly.
+
+    The crop, resize, flip and EXIF orientation are the same whatever the mode and dtype, so a
+    ``Mask``, ``Boxes`` or ``Plan`` that follows the image follows it alike. An image of another
+    mode or dtype than RGB uint8 is decoded on the CPU (under ``gpu_decode`` too), and cannot have
+    ``Views`` (refused when the source is made)."""
 
     kind = "image"
 
-    def __init__(self, keys: str = _C.DEFAULT_IMAGE_KEYS, transform: Optional[Transform] = None) -> None:
+    def __init__(self, keys: str = _C.DEFAULT_IMAGE_KEYS, transform: Optional[Transform] = None,
+                 mode: str = "RGB", dtype: torch.dtype = torch.uint8) -> None:
         super().__init__(keys)
         from .datasets import _transform
         self.transform = _transform(transform)
+        self._mode = _options.choice(_C.ImageOutput.Mode, mode, "Image mode")
+        self.mode = mode
+        if dtype not in (torch.uint8, torch.uint16):
+            raise ValueError(f"conveyor: Image dtype must be torch.uint8 or torch.uint16, "
+                             f"not {dtype!r}")
+        self.dtype = dtype
 
     def _cpp(self) -> "_C.Field":
-        return _C.Field.image(self.keys, self.transform._cpp)
+        return _C.Field.image(self.keys, self.transform._cpp, self._mode,
+                              "uint16" if self.dtype == torch.uint16 else "uint8")
 
     def __repr__(self) -> str:
-        return f"conveyor.Image({self.keys!r}, transform={self.transform!r})"
+        extra = "" if self.mode == "RGB" else f", mode={self.mode!r}"
+        if self.dtype != torch.uint8:
+            extra += f", dtype={self.dtype!r}"
+        return f"conveyor.Image({self.keys!r}, transform={self.transform!r}{extra})"
 
 
 class Mask(Field):

@@ -18,7 +18,8 @@ c10::ScalarType dtype_named(const std::string& name) {
       {"int8", c10::ScalarType::Char},     {"int16", c10::ScalarType::Short},
       {"int32", c10::ScalarType::Int},     {"int64", c10::ScalarType::Long},
       {"float16", c10::ScalarType::Half},  {"bfloat16", c10::ScalarType::BFloat16},
-      {"float32", c10::ScalarType::Float}, {"float64", c10::ScalarType::Double}};
+      {"float32", c10::ScalarType::Float}, {"float64", c10::ScalarType::Double},
+      {"uint16", c10::ScalarType::UInt16}};
   const auto found = kNames.find(name);
   if (found == kNames.end()) throw std::invalid_argument("conveyor: no dtype named " + name);
   return found->second;
@@ -37,7 +38,16 @@ std::unique_ptr<Source> field_source(std::unique_ptr<FieldSource> made) {
 void bind_fields(py::module_& m) {
   m.attr("DEFAULT_IMAGE_KEYS") = Field::kDefaultImageKeys;
   py::class_<Field>(m, "Field")
-      .def_static("image", &Field::image, py::arg("keys"), py::arg("transform"))
+      .def_static(
+          "image",
+          [](std::string keys, const ImageTransform& transform, ImageOutput::Mode mode,
+             const std::string& dtype) {
+            ImageOutput output;
+            output.mode = mode;
+            output.dtype = dtype_named(dtype);
+            return Field::image(std::move(keys), transform, output);
+          },
+          py::arg("keys"), py::arg("transform"), py::arg("mode"), py::arg("dtype"))
       .def_static("integer", &Field::integer, py::arg("keys"))
       .def_static("floating", &Field::floating, py::arg("keys"))
       .def_static(

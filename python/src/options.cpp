@@ -64,6 +64,14 @@ void bind_options(py::module_& m) {
       .value("CHW", ImageLayout::kCHW)
       .value("HWC", ImageLayout::kHWC);
 
+  // conveyor.Image's mode texts are the C++ names (ImageOutput::mode_name), written there once.
+  py::class_<ImageOutput> output(m, "ImageOutput", "conveyor::ImageOutput (conveyor/fields.h)");
+  py::enum_<ImageOutput::Mode> modes(output, "Mode");
+  for (ImageOutput::Mode mode :
+       {ImageOutput::Mode::kRGB, ImageOutput::Mode::kRGBA, ImageOutput::Mode::kL}) {
+    modes.value(ImageOutput::mode_name(mode), mode);
+  }
+
   py::class_<DecodeLimits>(m, "DecodeLimits", "conveyor::DecodeLimits (conveyor/jpeg.h)")
       .def(py::init<>())
       .def_readwrite("max_pixels", &DecodeLimits::max_pixels)

@@ -14,7 +14,9 @@
 //   auto source = conveyor::FieldSource::tar_shards({"clip-{000000..000099}.tar"}, fields);
 //
 // Field kinds and what each makes of a member (a shard's file, or a manifest cell):
-//   image    a JPEG, decoded and transformed into uint8 [3,S,S] (or [S,S,3]), as ImageSource does;
+//   image    a JPEG, PNG or WebP, decoded and transformed into uint8 [3,S,S] (or [S,S,3]), as
+//            ImageSource does; with an ImageOutput, [C,S,S] (or [S,S,C]) of C = 3, 4 or 1
+//            channels (RGB, RGBA, L) and uint8 or uint16 samples;
 //   integer  decimal text (WebDataset's cls, index, id) or a JSON integer: int64 [];
 //   floating decimal text or a JSON number: float32 [];
 //   array    an .npy file (numpy's format 1, 2 or 3; its dtype and shape must be the declared
@@ -94,6 +96,43 @@ struct BoxRule {
   double min_visibility = 0.0;
 };
 
+// What an image field's rows hold (Field::output): the channels and the sample type. The
+// geometry (plan_image's boxes, the crop, the bilinear resize, EXIF orientation, the flip) is the
+// same for every output, so a mask, boxes or points that follow the image follow it whatever its
+// output.
+struct ImageOutput {
+  enum class Mode {
+    // 3 channels, R, G, B (the default): alpha dropped, gray replicated, as Pillow's
+    // convert("RGB").
+    kRGB,
+    // 4 channels, R, G, B, A: the file's alpha (a PNG's alpha channel or tRNS chunk, a WebP's
+    // alpha), 255 where the file has none, as Pillow's convert("RGBA"). R, G, B are kRGB's rows
+    // byte for byte.
+    kRGBA,
+    // 1 channel, gray: a gray file's own samples; a colour file's (alpha dropped) converted as
+    // Pillow's convert("L"): (R * 19595 + G * 38470 + B * 7471 + 32768) >> 16, ITU-R 601-2's
+    // R * 299/1000 + G * 587/1000 + B * 114/1000 rounded as Pillow rounds it. The conversion is
+    // made before the resize, as Pillow's convert() then resize() would.
+    kL,
+  };
+  Mode mode = Mode::kRGB;
+  // The samples' type: uint8 (Byte, the default) or uint16 (UInt16). In uint16 a 16-bit file's
+  // samples (PNG) are kept as they are, resized in 16 bits; an 8-bit file's rows are the uint8
+  // rows with each value v written as v * 257 (255 -> 65535), exactly.
+  c10::ScalarType dtype = c10::ScalarType::Byte;
+
+  // The rows' channels: 3, 4 or 1 by the mode.
+  int channels() const;
+  // Whether this is the default output (RGB, uint8), which the fastest path and GPU decode make.
+  bool is_default() const { return mode == Mode::kRGB && dtype == c10::ScalarType::Byte; }
+  // A mode's name, "RGB", "RGBA" or "L" (Pillow's), and the one reading of it: throws
+  // std::invalid_argument naming every name for any other text.
+  static const char* mode_name(Mode mode);
+  static Mode parse_mode(std::string_view name);
+  // Throws std::invalid_argument for a dtype other than uint8 or uint16, naming `what`.
+  void check(const std::string& what) const;
+};
+
 // One field of a sample: its kind, where it comes from, and its shape in the batch.
 struct Field {
   enum class Kind {
@@ -120,6 +159,7 @@ struct Field {
   // column's name.
   std::string keys;
   ImageTransform transform;                        // kImage
+  ImageOutput output;                              // kImage: RGB uint8 unless asked
   c10::ScalarType dtype = c10::ScalarType::Float;  // kArray, kMask: the element type
   // kMask, kBoxes, kPoints, kPlan: the name of the image field whose geometry it follows.
   std::string follows;
@@ -138,7 +178,7 @@ struct Field {
   // the members OpenCLIP reads, each decoded by its content (a PNG named .jpg is a PNG).
   static constexpr const char* kDefaultImageKeys = "jpg;jpeg;png;webp";
 
-  static Field image(std::string keys, ImageTransform transform);
+  static Field image(std::string keys, ImageTransform transform, ImageOutput output = {});
   static Field integer(std::string keys);
   static Field floating(std::string keys);
   static Field array(std::string keys, c10::ScalarType dtype, std::vector<int64_t> shape,
@@ -172,7 +212,8 @@ struct Field {
   // The batch fields this field becomes: {spec(name, leader)}, or for an image whose transform
   // has views (ImageTransform::views), one field per group, named after the group, uint8
   // [count, 3, S, S] (or [count, S, S, 3]) with S the group's size; `name` is then unused.
-  // Throws as spec() does, and std::invalid_argument for views that view_groups() refuses.
+  // Throws as spec() does, and std::invalid_argument for views that view_groups() refuses or
+  // views with an output other than the default (RGB uint8), naming the field.
   std::vector<FieldSpec> specs(const std::string& name, const Field* leader = nullptr) const;
   // The extensions (or the column) `keys` names, in order.
   std::vector<std::string> key_list() const;
@@ -294,8 +335,10 @@ class FieldSource : public SampleSource {
   void will_write(size_t worker, const size_t* indices, size_t count) override;
   // The first image field, when it has one, for GPU decode (SampleSource::encoded_image_field).
   // None when a field follows an image (a mask): such samples are decoded on the CPU, where the
-  // image's plan is published to its followers. An image with views is named with its
-  // transform, whose views the loader's GPU decode leaves to the CPU, saying so in its status.
+  // image's plan is published to its followers; none either when that image's output is not
+  // the default RGB uint8 (ImageOutput), which only the CPU decode makes. An image with views is
+  // named with its transform, whose views the loader's GPU decode leaves to the CPU, saying so in
+  // its status.
   std::optional<EncodedImageField> encoded_image_field() const override;
   Encoded read_encoded(const SampleContext& ctx, std::vector<uint8_t>& buffer,
                        std::byte* const* fields) override;

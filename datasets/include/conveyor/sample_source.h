@@ -233,6 +233,8 @@ CropBox choose_crop(const ImageTransform& transform, int width, int height, uint
 // The bytes of one view of group `group` of view_groups(transform): size * size * 3.
 size_t view_bytes(const ImageTransform& transform, size_t group);
 
+struct ImageOutput;  // conveyor/fields.h
+
 // Decodes the image file `bytes` and writes the transformed image to `out` (size*size*3 bytes;
 // with views, every group's views back to back, in group order: write_groups()).
 // The format is found by the bytes' content (JPEG, PNG; any other format, or bytes of none, throw
@@ -243,6 +245,11 @@ size_t view_bytes(const ImageTransform& transform, size_t group);
 class ImageWriter {
  public:
   explicit ImageWriter(ImageTransform transform);
+  // Rows of `output`'s channels and dtype (conveyor/fields.h) instead of RGB uint8: C x S x S
+  // samples of elementSize(output.dtype) bytes each (S x S x C in HWC), by the same geometry.
+  // Throws std::invalid_argument for an output that ImageOutput::check() refuses, or for a
+  // transform with views and an output other than the default.
+  ImageWriter(ImageTransform transform, const ImageOutput& output);
   ~ImageWriter();
   ImageWriter(ImageWriter&&) noexcept;
   ImageWriter& operator=(ImageWriter&&) noexcept;
