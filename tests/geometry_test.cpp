@@ -1,6 +1,8 @@
 // The plan as data and the fields that follow it (issues 32 and 33): plan_image's one view is
 // today's choose_crop box bit for bit (against a verbatim copy of the code before the plan,
-// with its own random stream), and masks follow the image's box, flip and output size.
+// with its own random stream), and masks follow the image's box, flip and output size; boxes,
+// points and plans likewise; and every follower of an image with views follows each view of the
+// group it names (FollowViews).
 #include <gtest/gtest.h>
 
 #include <algorithm>

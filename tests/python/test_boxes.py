@@ -4,7 +4,9 @@ Boxes and their labels are checked against torchvision v2 run with the same box 
 RandomResizedCrop given the plan's box, RandomHorizontalFlip, then SanitizeBoundingBoxes) on
 hundreds of random boxes and plans; points against the plan's formula; the same batches come out
 for 1 and 4 workers, from a manifest and from webdataset.ShardWriter shards (jpg + boxes.json +
-labels.json + cls); errors name the field and the box, and count as skips under on_error="skip"."""
+labels.json + cls); errors name the field and the box, and count as skips under on_error="skip".
+Of an image with conveyor.Views, boxes, labels, points and plans follow each view of the group
+they name, as B*V jagged rows (sample major, view minor), each view checked as above."""
 
 from __future__ import annotations
 
