@@ -1188,6 +1188,17 @@ TEST(FollowViews, AFollowerNamesAGroup) {
                      {"kp", Field::points("kp", "local")},
                      {"kp_per_view", Field::integer("cls")}}),
             "field \"kp_per_view\" is named twice (a view group is a field of its name)");
+  // max_bytes bounds the member (2 boxes of 16 bytes); the row holds each view's.
+  std::vector<Detection> three = detections(1, 5);
+  three[0].boxes = {1, 1, 10, 10, 2, 2, 12, 12, 3, 3, 14, 14};
+  three[0].labels = {1, 2, 3};
+  auto source = FieldSource::from_reader(
+      std::make_shared<AnnotatedReader>(three, reader->masks()),
+      {{"image", image}, {"boxes", Field::boxes("boxes", "local", {}, BoxRule{}, 32)}});
+  EXPECT_EQ(source->fields()[2].max_items, 8u * 2u);
+  EXPECT_EQ(error_at(*source, 0),
+            "field \"boxes\": member \"boxes\" holds 3 boxes, over the field's bound of 2 "
+            "(max_bytes 32)");
 }
 
 }  // namespace
