@@ -1,6 +1,8 @@
 // The plan as data and the fields that follow it (issues 32 and 33): plan_image's one view is
 // today's choose_crop box bit for bit (against a verbatim copy of the code before the plan,
-// with its own random stream), and masks follow the image's box, flip and output size.
+// with its own random stream), and masks follow the image's box, flip and output size; boxes,
+// points and plans likewise; and every follower of an image with views follows each view of the
+// group it names (FollowViews).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -817,6 +819,386 @@ TEST(Boxes, PairedRowsAndDeclarations) {
   EXPECT_EQ(refused({{"image", image}, {"kp", Field::points("kp", "image", 4)}}),
             "field \"kp\": point_columns is 2 (x, y), 3 (x, y, visibility) or 0 (no flat lists), "
             "not 4");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Followers of an image with views (issue 33): each follows every view of the group it names.
+
+// DINOv2's geometry at a test's sizes: 2 global views (area 0.32-1) and 8 local ones
+// (0.05-0.32), each flipped half the time.
+ImageTransform dino_views(int global = 24, int local = 12) {
+  ImageTransform g = ImageTransform::train(global), l = ImageTransform::train(local);
+  g.scale_min = 0.32;
+  l.scale_min = 0.05;
+  l.scale_max = 0.32;
+  ImageTransform t;
+  t.views = {{"global", 2, g}, {"local", 8, l}};
+  return t;
+}
+
+// A detection sample with its mask ("seg", a palette PNG of the image's size).
+class AnnotatedReader final : public MemberReader {
+ public:
+  AnnotatedReader(std::vector<Detection> samples, std::vector<PngFile> masks)
+      : samples_(std::move(samples)), masks_(std::move(masks)) {}
+  size_t size() const override { return samples_.size(); }
+  void read(const SampleContext& ctx, MemberList& out) override {
+    const Detection& d = samples_.at(ctx.index);
+    out.add_bytes("png", d.image.data(), d.image.size());
+    out.add_bytes("seg", masks_.at(ctx.index).bytes.data(), masks_.at(ctx.index).bytes.size());
+    std::byte* b =
+        out.add_array("boxes", c10::kFloat, {static_cast<int64_t>(d.boxes.size() / 4), 4});
+    std::memcpy(b, d.boxes.data(), d.boxes.size() * sizeof(float));
+    std::byte* l = out.add_array("labels", c10::kLong, {static_cast<int64_t>(d.labels.size())});
+    std::memcpy(l, d.labels.data(), d.labels.size() * sizeof(int64_t));
+    std::byte* q = out.add_array("kp", c10::kFloat, {static_cast<int64_t>(d.points.size() / 3), 3});
+    std::memcpy(q, d.points.data(), d.points.size() * sizeof(float));
+  }
+  const std::vector<Detection>& samples() const { return samples_; }
+  const std::vector<PngFile>& masks() const { return masks_; }
+
+ private:
+  std::vector<Detection> samples_;
+  std::vector<PngFile> masks_;
+};
+
+std::shared_ptr<AnnotatedReader> annotated(size_t count, uint64_t seed) {
+  std::vector<Detection> samples = detections(count, seed);
+  std::vector<PngFile> masks;
+  for (size_t i = 0; i < samples.size(); ++i) {
+    masks.push_back(mask_of(samples[i].width, samples[i].height, 3, 8, i % 3 == 0, seed + i));
+  }
+  return std::make_shared<AnnotatedReader>(std::move(samples), std::move(masks));
+}
+
+// Each field's batch rows for one sample, written by `source` (prepared).
+struct SampleRows {
+  std::vector<FieldSpec> specs;
+  std::vector<std::vector<std::byte>> rows;
+  std::vector<std::byte*> pointers;
+  explicit SampleRows(const FieldSource& source) : specs(source.fields()) {
+    for (const FieldSpec& spec : specs) rows.emplace_back(spec.sample_bytes());
+    for (auto& r : rows) pointers.push_back(r.data());
+  }
+  const std::vector<std::byte>& operator[](const std::string& name) const {
+    for (size_t f = 0; f < specs.size(); ++f) {
+      if (specs[f].name == name) return rows[f];
+    }
+    throw std::out_of_range(name);
+  }
+  // A ragged row's used bytes: its count and its items.
+  std::vector<std::byte> used(const std::string& name) const {
+    const std::vector<std::byte>& row = (*this)[name];
+    size_t f = 0;
+    while (specs[f].name != name) ++f;
+    const auto count = static_cast<size_t>(RaggedRow(const_cast<std::byte*>(row.data())).count());
+    return {row.begin(), row.begin() + static_cast<std::ptrdiff_t>(sizeof(int64_t) +
+                                                                   count * specs[f].item_bytes())};
+  }
+};
+
+// The views of `group` in sample `index`'s plan, from plan_image, apart from the writers.
+std::vector<ViewPlan> views_of(const ImageTransform& t, const Detection& d, const SampleContext& c,
+                               int group) {
+  std::vector<ViewPlan> out;
+  for (const ViewPlan& v : plan_image(t, d.width, d.height, c.seed, c.epoch, c.index).views) {
+    if (v.group == group) out.push_back(v);
+  }
+  return out;
+}
+
+// Over 200 samples of DINOv2's geometry, with every follower declared before the image: each
+// view's mask pixel is the mask's sample at that view's box and flip (nearest by centres,
+// computed apart); each view's boxes are torchvision's crop, resize, flip and sanitize of that
+// view (and map_box's exactly), each view's labels those of its kept boxes; each view's points
+// are map_point's; the plans are plan_image's views of the group.
+TEST(FollowViews, EachViewOfTheGroupItNames) {
+  const auto reader = annotated(200, 41);
+  const ImageTransform t = dino_views();
+  BoxRule rule;
+  rule.min_visibility = 0.3;
+  auto source = FieldSource::from_reader(
+      reader, {{"gboxes", Field::boxes("boxes", "global", {"glabels"}, rule)},
+               {"lboxes", Field::boxes("boxes", "local", {"llabels"}, rule)},
+               {"gseg", Field::mask("seg", "global")},
+               {"lseg", Field::mask("seg", "local")},
+               {"lkp", Field::points("kp", "local")},
+               {"lplan", Field::plan("local")},
+               {"gplan", Field::plan("global")},
+               {"image", Field::image("png", t)},
+               {"glabels", Field::array("labels", c10::kLong, {-1})},
+               {"llabels", Field::array("labels", c10::kLong, {-1})}});
+  SampleRows rows(*source);
+  std::vector<std::string> names;
+  for (const FieldSpec& spec : rows.specs) names.push_back(spec.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"gboxes", "gboxes_per_view", "lboxes", "lboxes_per_view",
+                                      "gseg", "lseg", "lkp", "lkp_per_view", "lplan", "gplan",
+                                      "global", "local", "glabels", "llabels"}));
+  EXPECT_EQ(rows.specs[0].max_items, 2 * (Field::kDefaultMaxBytes / 16));
+  EXPECT_EQ(rows.specs[1].sample_shape, (std::vector<int64_t>{2}));
+  EXPECT_EQ(rows.specs[1].dtype, c10::kLong);
+  EXPECT_EQ(rows.specs[3].sample_shape, (std::vector<int64_t>{8}));
+  EXPECT_EQ(rows.specs[4].sample_shape, (std::vector<int64_t>{2, 24, 24}));
+  EXPECT_EQ(rows.specs[5].sample_shape, (std::vector<int64_t>{8, 12, 12}));
+  EXPECT_EQ(rows.specs[8].sample_shape, (std::vector<int64_t>{8, 7}));
+  EXPECT_EQ(rows.specs[9].sample_shape, (std::vector<int64_t>{2, 7}));
+  // The labels' rows hold each view's: 8 times the member's rows at most.
+  EXPECT_EQ(rows.specs[13].max_items, 8 * (Field::kDefaultMaxBytes / 8));
+  source->prepare(1);
+  size_t kept = 0, dropped = 0, flipped = 0, invisible = 0, differ = 0;
+  for (size_t i = 0; i < reader->size(); ++i) {
+    const SampleContext ctx{0, i, 5, 2};
+    source->write_sample(ctx, rows.pointers.data());
+    const Detection& d = reader->samples()[i];
+    const PngFile& mask = reader->masks()[i];
+    struct Group {
+      const char *boxes, *labels, *seg, *plan;
+      int index, size;
+    };
+    for (const Group& g : {Group{"gboxes", "glabels", "gseg", "gplan", 0, 24},
+                           Group{"lboxes", "llabels", "lseg", "lplan", 1, 12}}) {
+      const std::vector<ViewPlan> views = views_of(t, d, ctx, g.index);
+      const RaggedRow boxes(const_cast<std::byte*>(rows[g.boxes].data()));
+      const RaggedRow labels(const_cast<std::byte*>(rows[g.labels].data()));
+      const auto* per_view =
+          reinterpret_cast<const int64_t*>(rows[std::string(g.boxes) + "_per_view"].data());
+      const auto* box_values = reinterpret_cast<const float*>(boxes.items());
+      const auto* label_values = reinterpret_cast<const int64_t*>(labels.items());
+      const auto* seg = reinterpret_cast<const uint8_t*>(rows[g.seg].data());
+      const auto* plan = reinterpret_cast<const int32_t*>(rows[g.plan].data());
+      ASSERT_EQ(boxes.count(), labels.count());
+      int64_t out = 0;
+      for (size_t v = 0; v < views.size(); ++v) {
+        const ViewPlan& view = views[v];
+        flipped += view.flip;
+        const std::array<int32_t, 7> want_plan = {
+            view.x, view.y, view.width, view.height, view.flip, view.out_width, view.out_height};
+        for (size_t k = 0; k < 7; ++k) ASSERT_EQ(plan[7 * v + k], want_plan[k]) << i;
+        for (int y = 0; y < g.size; ++y) {
+          for (int x = 0; x < g.size; ++x) {
+            ASSERT_EQ(seg[(v * g.size + y) * g.size + x], expected_at(mask, view, x, y))
+                << "sample " << i << " view " << v << " at (" << x << ", " << y << ")";
+          }
+        }
+        const int64_t first = out;
+        for (size_t k = 0; k < d.labels.size(); ++k) {
+          double b[4];
+          for (int c = 0; c < 4; ++c) b[c] = d.boxes[4 * k + c];
+          const ReferenceBox r = reference_box(view, b, rule.min_size, rule.min_visibility);
+          const MappedBox m = map_box(view, {b[0], b[1], b[2], b[3]}, rule);
+          if (!r.kept) {
+            ++dropped;
+            continue;
+          }
+          ASSERT_LT(out, boxes.count());
+          ASSERT_EQ(label_values[out], d.labels[k]) << "sample " << i << " view " << v;
+          const float* got = box_values + 4 * out;
+          ASSERT_NEAR(got[0], r.x1, 1e-4);
+          ASSERT_NEAR(got[1], r.y1, 1e-4);
+          ASSERT_NEAR(got[2], r.x2, 1e-4);
+          ASSERT_NEAR(got[3], r.y2, 1e-4);
+          ASSERT_EQ(got[0], static_cast<float>(m.x1));
+          ASSERT_EQ(got[1], static_cast<float>(m.y1));
+          ASSERT_EQ(got[2], static_cast<float>(m.x2));
+          ASSERT_EQ(got[3], static_cast<float>(m.y2));
+          ++out;
+          ++kept;
+        }
+        ASSERT_EQ(per_view[v], out - first) << "sample " << i << " view " << v;
+      }
+      ASSERT_EQ(out, boxes.count()) << "sample " << i;
+      // Views of one sample differ: the group's boxes are not one view's repeated.
+      differ += views.size() > 1 && !(views[0] == views[1]);
+    }
+    // Points: each local view's, the member's 5 rows each.
+    const std::vector<ViewPlan> local = views_of(t, d, ctx, 1);
+    const RaggedRow points(const_cast<std::byte*>(rows["lkp"].data()));
+    const auto* per_view = reinterpret_cast<const int64_t*>(rows["lkp_per_view"].data());
+    ASSERT_EQ(points.count(), 8 * 5);
+    const auto* point_values = reinterpret_cast<const float*>(points.items());
+    for (size_t v = 0; v < local.size(); ++v) {
+      ASSERT_EQ(per_view[v], 5);
+      for (size_t k = 0; k < 5; ++k) {
+        const MappedPoint p = map_point(local[v], d.points[3 * k], d.points[3 * k + 1]);
+        const float* got = point_values + 3 * (5 * v + k);
+        ASSERT_EQ(got[0], static_cast<float>(p.x));
+        ASSERT_EQ(got[1], static_cast<float>(p.y));
+        ASSERT_EQ(got[2], p.inside ? d.points[3 * k + 2] : 0.0f);
+        invisible += !p.inside;
+      }
+    }
+  }
+  EXPECT_GT(kept, 1000u);  // both decisions, flips, points outside local views are reached
+  EXPECT_GT(dropped, 1000u);
+  EXPECT_GT(flipped, 500u);
+  EXPECT_GT(invisible, 1000u);
+  EXPECT_GT(differ, 390u);
+}
+
+// A group of one view is the one-view image's result, bit for bit, for every follower (the
+// group's fields add the per-view counts only).
+TEST(FollowViews, AGroupOfOneViewIsTheOneViewResultBitForBit) {
+  const auto reader = annotated(200, 43);
+  const ImageTransform plain = ImageTransform::train(20);
+  ImageTransform one;
+  one.views = {{"image", 1, plain}};
+  const auto fields = [](const ImageTransform& t) {
+    return Fields{{"image", Field::image("png", t)},
+                  {"boxes", Field::boxes("boxes")},
+                  {"labels", Field::array("labels", c10::kLong, {-1})},
+                  {"kp", Field::points("kp")},
+                  {"seg", Field::mask("seg")},
+                  {"plan", Field::plan()}};
+  };
+  auto a = FieldSource::from_reader(reader, fields(plain));
+  auto b = FieldSource::from_reader(reader, fields(one));
+  SampleRows ra(*a), rb(*b);
+  ASSERT_EQ(ra.specs.size(), 6u);
+  ASSERT_EQ(rb.specs.size(), 8u);  // and boxes_per_view, kp_per_view
+  a->prepare(1);
+  b->prepare(1);
+  size_t boxes = 0;
+  for (size_t i = 0; i < reader->size(); ++i) {
+    const SampleContext ctx{0, i, 9, 4};
+    a->write_sample(ctx, ra.pointers.data());
+    b->write_sample(ctx, rb.pointers.data());
+    for (const char* name : {"image", "seg", "plan"}) {
+      ASSERT_EQ(ra[name], rb[name]) << name << " of sample " << i;
+    }
+    for (const char* name : {"boxes", "labels", "kp"}) {
+      ASSERT_EQ(ra.used(name), rb.used(name)) << name << " of sample " << i;
+    }
+    const RaggedRow kept(ra.pointers[1]);
+    int64_t per_view = -1;
+    std::memcpy(&per_view, rb["boxes_per_view"].data(), sizeof per_view);
+    ASSERT_EQ(per_view, kept.count());
+    boxes += static_cast<size_t>(kept.count());
+  }
+  EXPECT_GT(boxes, 300u);
+}
+
+// Through the loader: the same batches (every field, every offset) for 1 and 4 workers, and a
+// resumed loader (another worker count) continues them bit for bit.
+TEST(FollowViews, SameBatchesForOneAndFourWorkersAndAfterAResume) {
+  const auto reader = annotated(30, 47);
+  const auto source = [&] {
+    return FieldSource::from_reader(reader, {{"image", Field::image("png", dino_views())},
+                                             {"boxes", Field::boxes("boxes", "local", {"labels"})},
+                                             {"labels", Field::array("labels", c10::kLong, {-1})},
+                                             {"kp", Field::points("kp", "global")},
+                                             {"seg", Field::mask("seg", "local")},
+                                             {"plan", Field::plan("global")}});
+  };
+  const auto options = [](size_t workers) {
+    LoaderOptions o;
+    o.batch_size = 4;
+    o.workers = workers;
+    o.seed = 7;
+    return o;
+  };
+  using Tensors = std::vector<at::Tensor>;
+  const auto copy = [](const Batch& b) {
+    Tensors out;
+    for (const at::Tensor& f : b.fields) out.push_back(f.clone());
+    for (const at::Tensor& o : b.offsets) out.push_back(o.defined() ? o.clone() : at::Tensor());
+    return out;
+  };
+  const auto same = [](const Tensors& got, const Tensors& want) {
+    if (got.size() != want.size()) return false;
+    for (size_t t = 0; t < got.size(); ++t) {
+      if (got[t].defined() != want[t].defined()) return false;
+      if (got[t].defined() && !got[t].equal(want[t])) return false;
+    }
+    return true;
+  };
+  std::vector<Tensors> reference;
+  {
+    DataLoader one(source(), options(1), RandomSampler::make(3));
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (Batch& b : one) reference.push_back(copy(b));
+    }
+  }
+  ASSERT_EQ(reference.size(), 16u);  // 8 batches an epoch (the last of 2)
+  {
+    DataLoader four(source(), options(4), RandomSampler::make(3));
+    size_t n = 0;
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (Batch& b : four) {
+        ASSERT_LT(n, reference.size());
+        EXPECT_TRUE(same(copy(b), reference[n])) << "batch " << n;
+        ++n;
+      }
+    }
+    EXPECT_EQ(n, reference.size());
+  }
+  for (const size_t k : {3u, 10u}) {
+    std::string checkpoint;
+    {
+      DataLoader first(source(), options(2), RandomSampler::make(3));
+      size_t taken = 0;
+      while (taken < k) {
+        for (Batch& b : first) {
+          (void)b;
+          if (++taken == k) break;
+        }
+      }
+      checkpoint = testing::save_to_string(first);
+    }
+    DataLoader resumed(source(), options(4), RandomSampler::make(3));
+    testing::load_from_string(resumed, checkpoint);
+    size_t n = k;
+    while (n < reference.size()) {
+      for (Batch& b : resumed) {
+        ASSERT_LT(n, reference.size());
+        EXPECT_TRUE(same(copy(b), reference[n])) << "batch " << n << " after " << k;
+        ++n;
+      }
+    }
+    EXPECT_EQ(n, reference.size());
+  }
+}
+
+// A follower of an image with views names one of its groups; the image's own name is refused,
+// listing them.
+TEST(FollowViews, AFollowerNamesAGroup) {
+  const auto reader = annotated(1, 1);
+  const auto refused = [&](Fields fields) {
+    try {
+      FieldSource::from_reader(reader, std::move(fields));
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const Field image = Field::image("png", dino_views());
+  const std::string groups =
+      "it follows one group of them, named in `follows`: \"global\", "
+      "\"local\"";
+  EXPECT_EQ(refused({{"image", image}, {"seg", Field::mask("seg")}}),
+            "field \"seg\" follows \"image\", an image with views: " + groups);
+  EXPECT_EQ(refused({{"image", image}, {"boxes", Field::boxes("boxes", "image", {})}}),
+            "field \"boxes\" follows \"image\", an image with views: " + groups);
+  EXPECT_EQ(refused({{"image", image}, {"plan", Field::plan("image")}}),
+            "field \"plan\" follows \"image\", an image with views: " + groups);
+  EXPECT_EQ(refused({{"image", image}, {"plan", Field::plan("globals")}}),
+            "field \"plan\": follows \"globals\", which is not an image field of the same source");
+  // The per-view counts are a batch field of their name.
+  EXPECT_EQ(refused({{"image", image},
+                     {"kp", Field::points("kp", "local")},
+                     {"kp_per_view", Field::integer("cls")}}),
+            "field \"kp_per_view\" is named twice (a view group is a field of its name)");
+  // max_bytes bounds the member (2 boxes of 16 bytes); the row holds each view's.
+  std::vector<Detection> three = detections(1, 5);
+  three[0].boxes = {1, 1, 10, 10, 2, 2, 12, 12, 3, 3, 14, 14};
+  three[0].labels = {1, 2, 3};
+  auto source = FieldSource::from_reader(
+      std::make_shared<AnnotatedReader>(three, reader->masks()),
+      {{"image", image}, {"boxes", Field::boxes("boxes", "local", {}, BoxRule{}, 32)}});
+  EXPECT_EQ(source->fields()[2].max_items, 8u * 2u);
+  EXPECT_EQ(error_at(*source, 0),
+            "field \"boxes\": member \"boxes\" holds 3 boxes, over the field's bound of 2 "
+            "(max_bytes 32)");
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Field (conveyor/fields.h): each kind's description and layout, and the table from kind to writer.
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -176,19 +178,26 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
   FieldSpec spec;
   spec.name = name;
   const size_t max = max_bytes == 0 ? kDefaultMaxBytes : max_bytes;
-  // A field that follows an image: its leader must be one (every follower's first check).
+  // A field that follows an image: its leader must be one (every follower's first check). The
+  // views it follows: a group's count and size for an image with views; 0 views (the image's
+  // one view, without a views dimension) and the image's size otherwise.
+  struct Followed {
+    int64_t views = 0;
+    int64_t size = 0;
+  };
   const auto check_leader = [&] {
     if (follows.empty()) throw bad("follows an image field: `follows` is empty");
     if (leader == nullptr || leader->kind != Kind::kImage) {
       throw bad("follows \"" + detail::printable(follows) +
                 "\", which is not an image field of the same source");
     }
-    if (!leader->transform.views.empty()) {
-      throw bad("follows \"" + detail::printable(follows) +
-                "\", an image with views: masks, boxes, points and plans follow an image of one "
-                "view, for now");
+    Followed out{0, leader->transform.size};
+    if (const std::optional<size_t> g = detail::followed_group(name, *this, *leader)) {
+      out.views = leader->transform.views[*g].count;
+      out.size = leader->transform.views[*g].transform.size;
     }
-    if (leader->transform.size <= 0) throw bad("the image's transform size must be positive");
+    if (out.size <= 0) throw bad("the image's transform size must be positive");
+    return out;
   };
   // A ragged field of items of `item_values` float32 values (boxes, points).
   const auto ragged_floats = [&](int64_t item_values) {
@@ -201,6 +210,12 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
     }
     spec.max_items = max / item;
     return spec;
+  };
+  // A ragged follower of `views` views holds each view's items: max_bytes bounds the member,
+  // and the row holds `views` times its items.
+  const auto per_view = [](FieldSpec ragged, int64_t views) {
+    if (views > 0) ragged.max_items *= static_cast<size_t>(views);
+    return ragged;
   };
   switch (kind) {
     case Kind::kImage: {
@@ -247,31 +262,35 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
       if (dtype != c10::ScalarType::Byte && dtype != c10::ScalarType::Int) {
         throw bad("a mask's dtype is uint8 or int32 (int32 for 16-bit masks)");
       }
-      check_leader();
+      const Followed followed = check_leader();
       spec.dtype = dtype;
-      spec.sample_shape = {leader->transform.size, leader->transform.size};
+      spec.sample_shape = {followed.size, followed.size};
+      if (followed.views > 0) spec.sample_shape.insert(spec.sample_shape.begin(), followed.views);
       return spec;
     }
-    case Kind::kBoxes:
-      check_leader();
+    case Kind::kBoxes: {
+      const Followed followed = check_leader();
       if (!(box_rule.min_size >= 0) || !(box_rule.min_visibility >= 0) ||
           !(box_rule.min_visibility <= 1)) {
         throw bad("min_size must be >= 0 and min_visibility in [0, 1]");
       }
-      return ragged_floats(4);
-    case Kind::kPoints:
-      check_leader();
+      return per_view(ragged_floats(4), followed.views);
+    }
+    case Kind::kPoints: {
+      const Followed followed = check_leader();
       if (point_columns != 0 && point_columns != 2 && point_columns != 3) {
         throw bad("point_columns is 2 (x, y), 3 (x, y, visibility) or 0 (no flat lists), not " +
                   std::to_string(point_columns));
       }
-      return ragged_floats(3);
-    case Kind::kPlan:
-      check_leader();
+      return per_view(ragged_floats(3), followed.views);
+    }
+    case Kind::kPlan: {
+      const Followed followed = check_leader();
       spec.dtype = c10::ScalarType::Int;
-      // One view per image today: a plan of several views makes this [views, 7].
-      spec.sample_shape = {1, static_cast<int64_t>(kPlanRowValues)};
+      spec.sample_shape = {std::max<int64_t>(followed.views, 1),
+                           static_cast<int64_t>(kPlanRowValues)};
       return spec;
+    }
     case Kind::kBytes:
     case Kind::kText:
     case Kind::kJson:
@@ -284,7 +303,18 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
 }
 
 std::vector<FieldSpec> Field::specs(const std::string& name, const Field* leader) const {
-  if (kind != Kind::kImage || transform.views.empty()) return {spec(name, leader)};
+  if (kind != Kind::kImage || transform.views.empty()) {
+    std::vector<FieldSpec> out{spec(name, leader)};
+    if (kind != Kind::kBoxes && kind != Kind::kPoints) return out;
+    if (const std::optional<size_t> g = detail::followed_group(name, *this, *leader)) {
+      FieldSpec counts;
+      counts.name = name + kPerViewSuffix;
+      counts.dtype = c10::ScalarType::Long;
+      counts.sample_shape = {leader->transform.views[*g].count};
+      out.push_back(std::move(counts));
+    }
+    return out;
+  }
   if (!output.is_default()) {
     throw std::invalid_argument(detail::field_label(name) + ": an image with views is RGB uint8 " +
                                 "for now, not mode \"" + ImageOutput::mode_name(output.mode) +
@@ -350,7 +380,7 @@ void throw_unreadable(const std::string& name, const Member& member, const std::
 }
 
 void FieldWriter::write_following(const Member&, const SampleContext&, const ImagePlan&,
-                                  std::byte*) {
+                                  std::byte* const*) {
   throw std::logic_error("conveyor: write_following() on a field writer that follows nothing");
 }
 
@@ -359,8 +389,23 @@ bool follows_an_image(Field::Kind kind) {
          kind == Field::Kind::kPoints || kind == Field::Kind::kPlan;
 }
 
+std::optional<size_t> followed_group(const std::string& name, const Field& field,
+                                     const Field& leader) {
+  if (leader.transform.views.empty()) return std::nullopt;
+  const std::vector<ViewGroup> groups = view_groups(leader.transform);  // checks them
+  std::string names;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].name == field.follows) return g;
+    names += std::string(g ? ", " : "") + "\"" + printable(groups[g].name) + "\"";
+  }
+  throw std::invalid_argument(field_label(name) + " follows \"" + printable(field.follows) +
+                              "\", an image with views: it follows one group of them, named in "
+                              "`follows`: " +
+                              names);
+}
+
 std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Field& field,
-                                               const FieldSpec& spec) {
+                                               const FieldSpec& spec, size_t views) {
   switch (field.kind) {
     case Field::Kind::kImage:
       return make_image_writer(name, field);
@@ -379,9 +424,9 @@ std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Fi
     case Field::Kind::kMask:
       return make_mask_writer(name, field, spec);
     case Field::Kind::kBoxes:
-      return make_box_writer(name, field, spec);
+      return make_box_writer(name, field, spec, views);
     case Field::Kind::kPoints:
-      return make_point_writer(name, field, spec);
+      return make_point_writer(name, field, spec, views);
     case Field::Kind::kPlan:
       return make_plan_writer(name, spec);
   }

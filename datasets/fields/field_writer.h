@@ -5,7 +5,8 @@
 // writer lives in its own file (image_field.cpp, scalar_fields.cpp, array_field.cpp,
 // text_fields.cpp). Adding a kind: its enumerator in conveyor/fields.h, its spec in field.cpp, its
 // writer file and its entry in the table. A kind that follows an image's geometry (a mask)
-// implements write_following(); FieldSource hands it its leader's published plan. A follower
+// implements write_following(); FieldSource hands it its leader's published plan, or, for a
+// follower of a group of views, that plan with only the group's views (ViewPlan::group). A follower
 // with no member (the plan) is handed an empty member. Each geometric follower is one writer file
 // (mask_field.cpp, box_field.cpp, point_field.cpp, plan_field.cpp) over a pure function of one
 // ViewPlan (conveyor/geometry.h).
@@ -22,6 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,8 +36,10 @@ namespace conveyor::detail {
 
 // The rows of a member that a boxes writer kept.
 struct KeptRows {
-  size_t rows = 0;           // the member's rows
-  std::vector<size_t> kept;  // the rows kept, ascending
+  size_t rows = 0;  // the member's rows
+  // The rows kept, view after view (a view's ascending); a row kept by several views is listed
+  // once for each.
+  std::vector<size_t> kept;
 };
 
 class FieldWriter {
@@ -58,10 +62,13 @@ class FieldWriter {
   // Geometry (conveyor/image_plan.h). A leader (an image) publishes the plan its last write()
   // executed, for the fields that follow it in the same sample; null for every other kind.
   virtual const ImagePlan* published_plan() const { return nullptr; }
-  // A follower (a mask; later boxes, points, the plan itself) is written with its leader's plan
-  // for the sample instead of write(). The default throws std::logic_error (not a follower).
+  // A follower (a mask, boxes, points, the plan itself) is written with its leader's plan for
+  // the sample instead of write(): the views it follows, in view order (all of an image without
+  // views; one group's of an image with views). rows[0 .. Field::specs().size()) as for
+  // write_rows(): boxes and points of a group of views write their per-view counts to rows[1].
+  // The default throws std::logic_error (not a follower).
   virtual void write_following(const Member& member, const SampleContext& ctx,
-                               const ImagePlan& plan, std::byte* row);
+                               const ImagePlan& plan, std::byte* const* rows);
 
   // Rows (conveyor/geometry.h). A boxes writer publishes which of its member's rows its last
   // write kept, for FieldSource to drop the same rows of the fields paired with it; null for
@@ -69,9 +76,17 @@ class FieldWriter {
   virtual const KeptRows* published_kept_rows() const { return nullptr; }
 };
 
-// The writer of field `name` described by `field` (whose spec() is `spec`).
+// The writer of field `name` described by `field` (whose spec() is `spec`); `views`: for a
+// follower of a group of views, the group's count; 0 for every other field.
 std::unique_ptr<FieldWriter> make_field_writer(const std::string& name, const Field& field,
-                                               const FieldSpec& spec);
+                                               const FieldSpec& spec, size_t views = 0);
+
+// The group of `leader`'s views that follower `field` (named `name`) follows: its index in
+// leader.transform.views, or nullopt for an image without views. Throws std::invalid_argument
+// naming the field, and listing the groups, when the image has views and `field.follows` names
+// none of them.
+std::optional<size_t> followed_group(const std::string& name, const Field& field,
+                                     const Field& leader);
 
 // The prefix of every message about field `name`: `field "NAME"`.
 std::string field_label(const std::string& name);
@@ -104,9 +119,9 @@ std::unique_ptr<FieldWriter> make_json_writer(const std::string& name, const Fie
 std::unique_ptr<FieldWriter> make_mask_writer(const std::string& name, const Field& field,
                                               const FieldSpec& spec);
 std::unique_ptr<FieldWriter> make_box_writer(const std::string& name, const Field& field,
-                                             const FieldSpec& spec);
+                                             const FieldSpec& spec, size_t views);
 std::unique_ptr<FieldWriter> make_point_writer(const std::string& name, const Field& field,
-                                               const FieldSpec& spec);
+                                               const FieldSpec& spec, size_t views);
 std::unique_ptr<FieldWriter> make_plan_writer(const std::string& name, const FieldSpec& spec);
 
 // Whether a field of `kind` follows an image's plan (a mask, boxes, points, the plan).

@@ -8,6 +8,11 @@
 // source columns resized to S takes source column floor((i + 0.5) * w / S) = (2i + 1) * w / (2S)
 // (PIL's NEAREST and torch's "nearest-exact"; the same centres as the image's bilinear resize, so
 // the mask stays on its image's pixels). Rows likewise. A flip mirrors the output's columns.
+//
+// A mask that follows a group of views ([V,S,S]) reads the bounding box of the views' boxes
+// once and resamples each view from its own box within it, so each view is the mask it would
+// be alone.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -27,14 +32,15 @@ class MaskFieldWriter final : public FieldWriter {
       : name_(std::move(name)),
         follows_(field.follows),
         dtype_(spec.dtype),
-        side_(static_cast<int>(spec.sample_shape.at(0))) {}
+        side_(static_cast<int>(spec.sample_shape.back())),
+        views_(spec.sample_shape.size() == 3 ? static_cast<size_t>(spec.sample_shape[0]) : 1) {}
 
   void write(const Member&, const SampleContext&, std::byte*) override {
     throw std::logic_error("conveyor: " + field_label(name_) + " written without its image's plan");
   }
 
   void write_following(const Member& member, const SampleContext&, const ImagePlan& plan,
-                       std::byte* row) override {
+                       std::byte* const* rows) override {
     if (member.encoding != MemberEncoding::kFile) {
       throw_unreadable(name_, member, "a mask file (a gray or palette PNG)");
     }
@@ -49,12 +55,25 @@ class MaskFieldWriter final : public FieldWriter {
       DecodeOptions options;  // the samples mode reads no option but the limits
       decoder_ = make_image_decoder(ImageFormat::kPng, DecodeLimits{}, options);
     }
-    if (plan.views.size() != 1 || plan.views[0].out_width != side_ ||
-        plan.views[0].out_height != side_) {
+    if (plan.views.size() != views_) {
       throw std::logic_error("conveyor: " + field_label(name_) + " follows a plan of " +
-                             std::to_string(plan.views.size()) + " views, not its one view");
+                             std::to_string(plan.views.size()) + " views, not its " +
+                             std::to_string(views_));
     }
-    const ViewPlan& view = plan.views[0];
+    // The bounding box of the views' boxes, read once.
+    int x0 = plan.width, y0 = plan.height, x1 = 0, y1 = 0;
+    for (const ViewPlan& view : plan.views) {
+      if (view.out_width != side_ || view.out_height != side_) {
+        throw std::logic_error("conveyor: " + field_label(name_) + " follows a view of " +
+                               std::to_string(view.out_width) + "x" +
+                               std::to_string(view.out_height) + ", not " + std::to_string(side_) +
+                               "x" + std::to_string(side_));
+      }
+      x0 = std::min(x0, view.x);
+      y0 = std::min(y0, view.y);
+      x1 = std::max(x1, view.x + view.width);
+      y1 = std::max(y1, view.y + view.height);
+    }
     SampleRegion region;
     try {
       const ImageInfo info = decoder_->begin(member.data, member.size);
@@ -73,27 +92,33 @@ class MaskFieldWriter final : public FieldWriter {
       if (info.bit_depth == 16 && dtype_ == c10::ScalarType::Byte) {
         throw std::runtime_error("a 16-bit mask needs dtype int32 (it is declared uint8)");
       }
-      region = decoder_->finish_samples(view.x, view.y, view.width, view.height);
+      region = decoder_->finish_samples(x0, y0, x1 - x0, y1 - y0);
     } catch (const std::logic_error&) {
       throw;
     } catch (const std::exception& e) {
       throw std::runtime_error(field_label(name_) + ": " + e.what());
     }
-    resample(region, view.flip, row);
+    const size_t view_bytes = static_cast<size_t>(side_) * static_cast<size_t>(side_) *
+                              (dtype_ == c10::ScalarType::Byte ? 1 : sizeof(int32_t));
+    for (size_t v = 0; v < views_; ++v) {
+      resample(region, plan.views[v], x0, y0, rows[0] + v * view_bytes);
+    }
   }
 
  private:
-  // region (the view's box) -> side_ x side_ by nearest pixel centres, mirrored if `flip`.
-  void resample(const SampleRegion& region, bool flip, std::byte* row) {
+  // The view's box of `region` (which starts at x0, y0 of the mask) -> side_ x side_ by nearest
+  // pixel centres, mirrored if the view is.
+  void resample(const SampleRegion& region, const ViewPlan& view, int x0, int y0, std::byte* row) {
     const int64_t s = side_;
+    const bool wide = region.bit_depth == 16;
+    const int64_t left = view.x - x0;
     columns_.resize(static_cast<size_t>(side_));
     for (int64_t i = 0; i < s; ++i) {
-      const int64_t from = (2 * i + 1) * region.width / (2 * s);
-      columns_[static_cast<size_t>(flip ? s - 1 - i : i)] = static_cast<int>(from);
+      const int64_t from = left + (2 * i + 1) * view.width / (2 * s);
+      columns_[static_cast<size_t>(view.flip ? s - 1 - i : i)] = static_cast<int>(from);
     }
-    const bool wide = region.bit_depth == 16;
     for (int64_t j = 0; j < s; ++j) {
-      const int64_t from_row = (2 * j + 1) * region.height / (2 * s);
+      const int64_t from_row = view.y - y0 + (2 * j + 1) * view.height / (2 * s);
       const uint8_t* src = region.samples + static_cast<size_t>(from_row) * region.stride;
       if (dtype_ == c10::ScalarType::Byte) {
         auto* dst = reinterpret_cast<uint8_t*>(row) + j * s;
@@ -118,6 +143,7 @@ class MaskFieldWriter final : public FieldWriter {
   std::string follows_;
   c10::ScalarType dtype_;
   int side_;
+  size_t views_;                           // the views it follows: a group's count, or 1
   std::unique_ptr<ImageDecoder> decoder_;  // PNG's, made on the first mask
   std::vector<int> columns_;               // the source column of each output column
 };

@@ -1,5 +1,6 @@
 // The plan field (conveyor/fields.h): no member; the plan its image field executed for the
-// sample, a row of plan_row() (conveyor/geometry.h) per view: int32 [V, 7].
+// sample, a row of plan_row() (conveyor/geometry.h) per view it follows (the image's one view,
+// or each view of a group): int32 [V, 7].
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -22,7 +23,8 @@ class PlanWriter final : public FieldWriter {
   }
 
   void write_following(const Member&, const SampleContext&, const ImagePlan& plan,
-                       std::byte* row) override {
+                       std::byte* const* rows) override {
+    std::byte* row = rows[0];
     if (plan.views.size() != views_) {
       throw std::logic_error("conveyor: " + field_label(name_) + " follows a plan of " +
                              std::to_string(plan.views.size()) + " views, not its " +

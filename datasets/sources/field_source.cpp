@@ -55,6 +55,8 @@ SampleSource::Encoded SampleSource::read_encoded(const SampleContext& ctx, std::
 struct FieldSource::Worker {
   std::vector<std::unique_ptr<detail::FieldWriter>> writers;  // per field
   detail::SampleMembers members;
+  ImagePlan followed;                  // a group's views of the sample's plan, reused
+  std::vector<std::byte> paired_rows;  // a paired field's rows before a boxes field kept them
   std::array<std::atomic<uint64_t>, 9> scales{};
   // Nanoseconds in write_sample(): reading, decoding, transforming.
   std::atomic<uint64_t> read_ns{0}, decode_ns{0}, transform_ns{0};
@@ -78,7 +80,7 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
       for (size_t l = 0; l < fields_.size(); ++l) {
         if (fields_[l].first == field.follows) leader = l;
       }
-      // A mask that names a group of an image with views follows that image.
+      // A follower that names a group of an image with views follows that image.
       for (size_t l = 0; l < fields_.size() && !leader; ++l) {
         for (const ViewGroup& g : fields_[l].second.transform.views) {
           if (fields_[l].second.kind == Field::Kind::kImage && g.name == field.follows) leader = l;
@@ -89,8 +91,16 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
     for (FieldSpec& spec : field.specs(name, leader ? &fields_[*leader].second : nullptr)) {
       specs_.push_back(std::move(spec));
     }
+    writer_specs_.push_back(specs_[first_row_.back()]);
     keys_.push_back(field.key_list());
     leader_of_.push_back(leader);
+    // specs() has checked the leader and the group a follower names.
+    group_of_.push_back(leader ? detail::followed_group(name, field, fields_[*leader].second)
+                               : std::nullopt);
+    views_of_.push_back(
+        group_of_.back()
+            ? static_cast<size_t>(fields_[*leader].second.transform.views[*group_of_.back()].count)
+            : 0);
   }
   // Each boxes field's paired fields: ragged arrays, each paired once.
   paired_.resize(fields_.size());
@@ -117,6 +127,8 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
         throw std::invalid_argument(label + ", which another boxes field pairs with already");
       }
       paired_[f].push_back(p);
+      // Boxes of a group of views: the paired field's row holds its rows once per view.
+      if (views_of_[f] > 0) specs_[first_row_[p]].max_items *= views_of_[f];
     }
   }
   // A view group's field is named after its group: no two batch fields may share a name.
@@ -151,8 +163,8 @@ void FieldSource::prepare(size_t workers) {
   while (workers_.size() < workers) {
     auto w = std::make_unique<Worker>();
     for (size_t f = 0; f < fields_.size(); ++f) {
-      w->writers.push_back(
-          detail::make_field_writer(fields_[f].first, fields_[f].second, specs_[first_row_[f]]));
+      w->writers.push_back(detail::make_field_writer(fields_[f].first, fields_[f].second,
+                                                     writer_specs_[f], views_of_[f]));
     }
     workers_.push_back(std::move(w));
   }
@@ -187,7 +199,17 @@ void FieldSource::write_fields(Worker& w, const SampleContext& ctx, std::byte* c
         throw std::logic_error("conveyor: " + detail::field_label(fields_[f].first) +
                                " follows a field that published no plan");
       }
-      w.writers[f]->write_following(member, ctx, *plan, rows[first_row_[f]]);
+      if (const std::optional<size_t> group = group_of_[f]) {
+        // The group's views, in view order; `followed` keeps its capacity from sample to sample.
+        w.followed.width = plan->width;
+        w.followed.height = plan->height;
+        w.followed.views.clear();
+        for (const ViewPlan& view : plan->views) {
+          if (view.group == static_cast<int>(*group)) w.followed.views.push_back(view);
+        }
+        plan = &w.followed;
+      }
+      w.writers[f]->write_following(member, ctx, *plan, rows + first_row_[f]);
     } else {
       w.writers[f]->write_rows(member, ctx, rows + first_row_[f]);
     }
@@ -208,12 +230,14 @@ void FieldSource::write_fields(Worker& w, const SampleContext& ctx, std::byte* c
       throw std::logic_error("conveyor: " + detail::field_label(fields_[f].first) +
                              " published no rows");
     }
-    for (const size_t p : paired_[f]) keep_paired_rows(f, p, *kept, rows[first_row_[p]]);
+    for (const size_t p : paired_[f]) {
+      keep_paired_rows(f, p, *kept, rows[first_row_[p]], w.paired_rows);
+    }
   }
 }
 
 void FieldSource::keep_paired_rows(size_t boxes, size_t paired, const detail::KeptRows& kept,
-                                   std::byte* row) const {
+                                   std::byte* row, std::vector<std::byte>& scratch) const {
   RaggedRow items(row);
   if (items.count() != static_cast<int64_t>(kept.rows)) {
     throw std::runtime_error(
@@ -222,9 +246,19 @@ void FieldSource::keep_paired_rows(size_t boxes, size_t paired, const detail::Ke
         std::to_string(kept.rows) + ": a field paired with boxes has one row per box");
   }
   const size_t bytes = specs_[first_row_[paired]].item_bytes();
-  for (size_t i = 0; i < kept.kept.size(); ++i) {
-    if (kept.kept[i] != i) {
-      std::memmove(items.items() + i * bytes, items.items() + kept.kept[i] * bytes, bytes);
+  if (views_of_[boxes] == 0) {
+    // One view: the rows kept are ascending, each moves to or before where it is.
+    for (size_t i = 0; i < kept.kept.size(); ++i) {
+      if (kept.kept[i] != i) {
+        std::memmove(items.items() + i * bytes, items.items() + kept.kept[i] * bytes, bytes);
+      }
+    }
+  } else {
+    // Views: a row may be kept by several views; copy the member's rows aside, then lay out each
+    // view's (the row has room for views * rows, FieldSource's spec).
+    scratch.assign(items.items(), items.items() + kept.rows * bytes);
+    for (size_t i = 0; i < kept.kept.size(); ++i) {
+      std::memcpy(items.items() + i * bytes, scratch.data() + kept.kept[i] * bytes, bytes);
     }
   }
   items.set_count(static_cast<int64_t>(kept.kept.size()));

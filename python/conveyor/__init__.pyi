@@ -132,6 +132,9 @@ class Image(Field):
     def __init__(self, keys: str = ..., transform: Optional[Transform] = ...,
                  mode: str = ..., dtype: torch.dtype = ...) -> None: ...
 
+# Mask, Boxes, Points and Plan follow an image field, or a group of its conveyor.Views (then each
+# view of the group: Mask [B,V,S,S], Plan [B,V,7], Boxes and Points jagged with B*V rows, row
+# b*V + v being sample b's view v, and batch[name + "_per_view"] int64 [B,V]).
 class Mask(Field):
     follows: str
     dtype: torch.dtype

@@ -27,6 +27,10 @@ column. A batch is a :class:`FieldBatch`, a dict keyed by field name:
 - ``Boxes`` / ``Points``: boxes [N, 4] / points [N, 2 or 3] that follow an image field's crop,
   scale and flip: jagged float32 [B, N_i, 4] / [B, N_i, 3]; a dropped box takes its labels' rows;
 - ``Plan``: each sample's plan of an image field, int32 [B, V, 7] (x, y, w, h, flip, out_w, out_h);
+- following an image with ``conveyor.Views``: ``follows`` names a group (``"global"``), and the
+  field follows each of its V views: ``Mask`` [B,V,S,S], ``Plan`` [B,V,7], ``Boxes`` / ``Points``
+  (and the boxes' paired labels) jagged with B*V rows, row ``b*V + v`` holding sample b's view v,
+  plus ``batch[name + "_per_view"]``, int64 [B,V], each view's count of rows;
 - ``Text``: a ``list[str]``; ``Bytes``: a ``list[bytes]``; ``Json``: a ``list`` of parsed values.
 
 Ragged fields (text, bytes, JSON, arrays whose first dimension varies) hold at most ``max_bytes``
@@ -138,7 +142,9 @@ class Mask(Field):
     (``dtype=torch.uint8``, the default) or int32 (``dtype=torch.int32``, which a 16-bit mask
     needs). A mask of another size than its image's, or of colours (RGB), is the sample's error
     naming the field and both sizes. Samples with a mask are decoded on the CPU (under
-    ``gpu_decode`` too), where the image's plan is handed to the mask."""
+    ``gpu_decode`` too), where the image's plan is handed to the mask. Of an image with
+    ``conveyor.Views``, ``follows`` names a group: [B,V,S,S], each view's mask (the image's own
+    name is refused, listing the groups)."""
 
     kind = "mask"
 
@@ -179,7 +185,13 @@ class Boxes(Field):
     fields (ragged ``Array`` fields of one row per box: class labels) are dropped with it. Out: a
     jagged float32 [B, N_i, 4] (``torch.nested``). A box outside its image, with x2 < x1 or
     y2 < y1, or not finite, is the sample's error naming the field and the box. ``paired=()``
-    for boxes without labels; a paired field that a source lacks is refused."""
+    for boxes without labels; a paired field that a source lacks is refused.
+
+    Of an image with ``conveyor.Views``, ``follows`` names a group of V views, and each view
+    keeps its own boxes: a jagged float32 [B*V, N_bv, 4], row ``b*V + v`` being sample b's view v
+    (sample major, view minor), its paired fields likewise, and ``batch[name + "_per_view"]``,
+    int64 [B, V], the boxes each view kept. ``max_bytes`` bounds the member; a batch row holds
+    V times as many."""
 
     kind = "boxes"
 
@@ -213,7 +225,9 @@ class Points(Field):
     float32 [B, N_i, 3] whose third column is the member's visibility (1 for an [N, 2] member)
     for a point inside the image's output (0 <= x <= S, 0 <= y <= S) and 0 outside it. A flip
     mirrors x but does not swap left and right keypoints' identities (the ``Plan`` says which
-    samples were flipped)."""
+    samples were flipped). Of an image with ``conveyor.Views``, ``follows`` names a group of V
+    views: a jagged float32 [B*V, N_b, 3], row ``b*V + v`` being sample b's view v, and
+    ``batch[name + "_per_view"]``, int64 [B, V]."""
 
     kind = "points"
 
@@ -236,7 +250,9 @@ class Points(Field):
 class Plan(Field):
     """The plan of the image field ``follows`` for each sample (no member): int32 [B, V, 7], a
     row per view of (x, y, w, h, flip, out_w, out_h): the source box in the upright image's
-    pixels, 1 when the view is mirrored, the output size. V is 1 today. For users who transform
+    pixels, 1 when the view is mirrored, the output size. V is 1, or the count of the
+    ``conveyor.Views`` group that ``follows`` names (each of its views, in order). For users who
+    transform
     their own annotations: source x maps to ``(x - x0) * out_w / w`` (then ``out_w - that`` when
     flipped), y likewise."""
 
@@ -410,6 +426,16 @@ def make_field_batch(kinds: Mapping[str, Field], raw) -> FieldBatch:
     tensors, offsets, names, indices, epoch, sequence, fence, repeats, augment_params = raw
     batch = FieldBatch()
     device_tensors = []
+    # Boxes and points that follow a group of views: their rows (and their paired fields') split
+    # by view, with the per-view counts the engine wrote beside them.
+    per_view = {}
+    for tensor, name in zip(tensors, names):
+        field = kinds.get(name)
+        if isinstance(field, (Boxes, Points)) and name + _C.PER_VIEW_SUFFIX in names:
+            counts = tensors[names.index(name + _C.PER_VIEW_SUFFIX)]
+            per_view[name] = counts
+            for paired in (field.paired if isinstance(field, Boxes) else ()):
+                per_view[paired] = counts
     for tensor, offset, name in zip(tensors, offsets, names):
         field = kinds.get(name)  # None for a view group's field: an image's (conveyor.Views)
         if isinstance(field, (Text, Json, Bytes)):
@@ -424,6 +450,9 @@ def make_field_batch(kinds: Mapping[str, Field], raw) -> FieldBatch:
         device_tensors.append(tensor)
         if offset is not None:
             device_tensors.append(offset)
+            if name in per_view:
+                counts = per_view[name].flatten()
+                offset = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
             batch[name] = torch.nested.nested_tensor_from_jagged(tensor, offset)
         else:
             batch[name] = tensor

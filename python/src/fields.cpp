@@ -37,6 +37,7 @@ std::unique_ptr<Source> field_source(std::unique_ptr<FieldSource> made) {
 
 void bind_fields(py::module_& m) {
   m.attr("DEFAULT_IMAGE_KEYS") = Field::kDefaultImageKeys;
+  m.attr("PER_VIEW_SUFFIX") = Field::kPerViewSuffix;
   py::class_<Field>(m, "Field")
       .def_static(
           "image",

@@ -4,7 +4,9 @@ Boxes and their labels are checked against torchvision v2 run with the same box 
 RandomResizedCrop given the plan's box, RandomHorizontalFlip, then SanitizeBoundingBoxes) on
 hundreds of random boxes and plans; points against the plan's formula; the same batches come out
 for 1 and 4 workers, from a manifest and from webdataset.ShardWriter shards (jpg + boxes.json +
-labels.json + cls); errors name the field and the box, and count as skips under on_error="skip"."""
+labels.json + cls); errors name the field and the box, and count as skips under on_error="skip".
+Of an image with conveyor.Views, boxes, labels, points and plans follow each view of the group
+they name, as B*V jagged rows (sample major, view minor), each view checked as above."""
 
 from __future__ import annotations
 
@@ -105,6 +107,30 @@ def _near_the_edge(box: torch.Tensor, min_size: float = 1.0) -> bool:
     return bool(((box[2:] - box[:2]) - min_size).abs().min() < 1e-3)
 
 
+def _check_against_torchvision(sample, row, got_boxes, got_labels, where):
+    """The engine's boxes and labels of one view (plan row `row`) are torchvision v2's; returns
+    the boxes it dropped."""
+    s = sample
+    want_boxes, want_labels = _torchvision(s, row)
+    if not torch.equal(got_labels, want_labels):
+        # Only a box on the min_size edge may go either way (float32 against double).
+        both = set(got_labels.tolist()) ^ set(want_labels.tolist())
+        for label in both:
+            k = int(np.nonzero(s["labels"] == label)[0][0])
+            one, _ = _torchvision({**s, "boxes": s["boxes"][k:k + 1],
+                                   "labels": s["labels"][k:k + 1]}, row)
+            assert one.numel() == 0 or _near_the_edge(one[0]), (where, label)
+        keep = [j for j, v in enumerate(got_labels.tolist()) if v not in both]
+        got_boxes, got_labels = got_boxes[keep], got_labels[keep]
+        keep = [j for j, v in enumerate(want_labels.tolist()) if v not in both]
+        want_boxes, want_labels = want_boxes[keep], want_labels[keep]
+    assert torch.equal(got_labels, want_labels), where
+    scale = max(1.0, int(row[5]) / int(row[2]), int(row[6]) / int(row[3]))
+    torch.testing.assert_close(got_boxes.reshape(-1, 4), want_boxes.reshape(-1, 4), rtol=1e-5,
+                               atol=2e-3 * scale)
+    return len(s["labels"]) - len(got_labels)
+
+
 def test_boxes_match_torchvision_v2_on_the_same_plan(detection):
     root, samples = detection
     data = conveyor.Manifest(root / "train.jsonl", fields=_fields())
@@ -117,28 +143,112 @@ def test_boxes_match_torchvision_v2_on_the_same_plan(detection):
             s = samples[i]
             row = plan[r, 0]
             assert int(row[5]) == S and int(row[6]) == S
-            want_boxes, want_labels = _torchvision(s, row)
-            got_boxes, got_labels = boxes[r], labels[r]
-            if not torch.equal(got_labels, want_labels):
-                # Only a box on the min_size edge may go either way (float32 against double).
-                both = set(got_labels.tolist()) ^ set(want_labels.tolist())
-                for label in both:
-                    k = int(np.nonzero(s["labels"] == label)[0][0])
-                    one, _ = _torchvision({**s, "boxes": s["boxes"][k:k + 1],
-                                           "labels": s["labels"][k:k + 1]}, row)
-                    assert one.numel() == 0 or _near_the_edge(one[0]), (i, label)
-                keep = [j for j, v in enumerate(got_labels.tolist()) if v not in both]
-                got_boxes, got_labels = got_boxes[keep], got_labels[keep]
-                keep = [j for j, v in enumerate(want_labels.tolist()) if v not in both]
-                want_boxes, want_labels = want_boxes[keep], want_labels[keep]
-            assert torch.equal(got_labels, want_labels), i
-            scale = max(1.0, S / int(row[2]), S / int(row[3]))
-            torch.testing.assert_close(got_boxes, want_boxes.reshape(-1, 4), rtol=1e-5,
-                                       atol=2e-3 * scale)
+            dropped += _check_against_torchvision(s, row, boxes[r], labels[r], i)
             checked += len(s["labels"])
-            dropped += len(s["labels"]) - len(got_labels)
             flipped += int(row[4])
     assert checked > 800 and dropped > 100 and 50 < flipped < 190
+
+
+# DINOv2's geometry at a test's sizes: 2 global views and 4 local ones.
+LOCAL = 16
+
+
+def _views_fields():
+    views = conveyor.Views({
+        "global": (2, conveyor.RandomResizedCrop(S, scale=(0.32, 1.0), flip=True)),
+        "local": (4, conveyor.RandomResizedCrop(LOCAL, scale=(0.05, 0.32), flip=True))})
+    return {"boxes": conveyor.Boxes("boxes", follows="local"),
+            "image": conveyor.Image("image", transform=views),
+            "labels": conveyor.Array("labels", shape=(-1,), dtype=torch.int64),
+            "points": conveyor.Points("points", follows="global"),
+            "plan": conveyor.Plan(follows="local"),
+            "gplan": conveyor.Plan(follows="global")}
+
+
+def _per_view_epoch(data, workers, state=None, stop=None):
+    """The batches of one epoch as dicts of CPU tensors (nested ones as lists of rows)."""
+    loader = conveyor.DataLoader(data, batch_size=8, num_workers=workers, seed=3, shuffle=True)
+    if state is not None:
+        loader.load_state_dict(state)
+    out = []
+    for batch in loader:
+        out.append({k: (list(v.unbind()) if v.is_nested else v.clone()) for k, v in batch.items()})
+        out[-1]["indices"] = list(batch.indices)
+        if stop is not None and len(out) == stop:
+            return out, loader.state_dict()
+    return out, None
+
+
+def _same_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for k in x:
+            if isinstance(x[k], list) and x[k] and isinstance(x[k][0], torch.Tensor):
+                assert len(x[k]) == len(y[k]) and all(torch.equal(p, q)
+                                                      for p, q in zip(x[k], y[k])), k
+            elif isinstance(x[k], torch.Tensor):
+                assert torch.equal(x[k], y[k]), k
+            else:
+                assert x[k] == y[k], k
+
+
+def test_boxes_points_and_plans_follow_each_view_of_their_group(detection):
+    """Each local view's boxes and labels are torchvision v2's under that view's box and flip;
+    each global view's points are the plan's formula; rows are sample major, view minor."""
+    root, samples = detection
+    data = conveyor.Manifest(root / "train.jsonl", fields=_views_fields())
+    checked = dropped = flipped = 0
+    for batch in conveyor.DataLoader(data, batch_size=16, num_workers=2, seed=7):
+        b = len(batch.indices)
+        assert list(batch) == ["boxes", "boxes_per_view", "global", "local", "labels", "points",
+                               "points_per_view", "plan", "gplan"]
+        boxes, labels, plan = batch["boxes"], batch["labels"], batch["plan"]
+        assert boxes.is_nested and boxes.size(0) == labels.size(0) == b * 4
+        assert batch["points"].size(0) == b * 2
+        assert batch["boxes_per_view"].shape == (b, 4)
+        assert batch["points_per_view"].shape == (b, 2)
+        assert plan.shape == (b, 4, 7) and batch["gplan"].shape == (b, 2, 7)
+        assert batch["global"].shape == (b, 2, 3, S, S)
+        for r, i in enumerate(batch.indices):
+            s = samples[i]
+            for v in range(4):
+                row = plan[r, v]
+                assert int(row[5]) == LOCAL and int(row[6]) == LOCAL
+                assert int(batch["boxes_per_view"][r, v]) == boxes[r * 4 + v].size(0)
+                dropped += _check_against_torchvision(s, row, boxes[r * 4 + v],
+                                                      labels[r * 4 + v], (i, v))
+                checked += len(s["labels"])
+                flipped += int(row[4])
+            for v in range(2):
+                want = _map_points(s["points"], batch["gplan"][r, v].tolist())
+                np.testing.assert_allclose(batch["points"][r * 2 + v].numpy(), want, rtol=1e-5,
+                                           atol=1e-3)
+            # The views differ: a sample's local plans are not one view's repeated.
+            assert len({tuple(plan[r, v].tolist()) for v in range(4)}) > 1
+    assert checked > 3000 and dropped > 1000 and 200 < flipped < 760
+
+
+def test_views_followers_same_for_one_and_four_workers_and_after_a_resume(detection):
+    root, _ = detection
+    data = conveyor.Manifest(root / "train.jsonl", fields=_views_fields())
+    reference, _ = _per_view_epoch(data, 1)
+    four, _ = _per_view_epoch(data, 4)
+    _same_batches(four, reference)
+    first, state = _per_view_epoch(data, 2, stop=7)
+    _same_batches(first, reference[:7])
+    rest, _ = _per_view_epoch(data, 4, state=state)
+    _same_batches(rest, reference[7:])
+
+
+def test_a_follower_of_an_image_with_views_names_a_group(detection):
+    root, _ = detection
+    fields = _views_fields()
+    fields["boxes"] = conveyor.Boxes("boxes", follows="image")
+    with pytest.raises(ValueError, match='follows "image", an image with views: it follows one '
+                                         'group of them, named in `follows`: "global", "local"'):
+        conveyor.DataLoader(conveyor.Manifest(root / "train.jsonl", fields=fields),
+                            batch_size=4)
 
 
 def _map_points(points: np.ndarray, row) -> np.ndarray:

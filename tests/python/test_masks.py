@@ -175,3 +175,41 @@ def test_a_mask_of_another_size_names_the_field_and_both_sizes(tmp_path):
         conveyor.Manifest(tmp_path / "m.csv", fields={"label": conveyor.Int("image"),
                                                       "mask": conveyor.Mask("mask",
                                                                             follows="label")})
+
+
+def test_masks_follow_each_view_of_their_group(pairs):
+    """Of an image with conveyor.Views, a mask names a group and follows each of its views: the
+    position mask shows, in every view, the nearest source pixel (by centres) of that view's box
+    in the group's plan, mirrored with it."""
+    root, rows = pairs
+    local = 16
+    views = conveyor.Views({
+        "global": (2, conveyor.RandomResizedCrop(S, scale=(0.32, 1.0), flip=True)),
+        "local": (6, conveyor.RandomResizedCrop(local, scale=(0.05, 0.32), flip=True))})
+    data = conveyor.Manifest(root / "train.csv", fields={
+        "gpos": conveyor.Mask("pos", follows="global", dtype=torch.int32),
+        "lpal": conveyor.Mask("pal", follows="local"),
+        "image": conveyor.Image("image", transform=views),
+        "gplan": conveyor.Plan(follows="global"),
+        "lplan": conveyor.Plan(follows="local")})
+    flips = 0
+    for batch in conveyor.DataLoader(data, batch_size=5, num_workers=2, seed=4):
+        b = len(batch.indices)
+        assert batch["gpos"].shape == (b, 2, S, S) and batch["lpal"].shape == (b, 6, local, local)
+        for r, i in enumerate(batch.indices):
+            w = rows[i]["w"]
+            for mask, plan, size in ((batch["gpos"][r], batch["gplan"][r], S),
+                                     (batch["lpal"][r], batch["lplan"][r], local)):
+                for v in range(plan.shape[0]):
+                    x, y, bw, bh, flip, ow, oh = plan[v].tolist()
+                    assert ow == oh == size
+                    k = np.arange(size)
+                    sx = x + ((2 * k + 1) * bw) // (2 * size)
+                    sy = y + ((2 * k + 1) * bh) // (2 * size)
+                    if flip:
+                        sx = sx[::-1]
+                    yy, xx = np.meshgrid(sy, sx, indexing="ij")
+                    want = xx + w * yy if size == S else (xx * 7 + yy * 3) % 256
+                    assert np.array_equal(mask[v].numpy(), want), (i, v)
+                    flips += flip
+    assert 20 < flips < 24 * 8 - 20

@@ -42,24 +42,34 @@
 //            mapped as boxes are and never clipped; a point outside the view gets visibility 0,
 //            a point inside keeps its own (1 for an [N, 2] member). Ragged float32 [N_i, 3].
 //   plan     no member: the image field's plan for the sample, a row per view of x, y, width,
-//            height, flip (0 or 1), out_width, out_height: int32 [V, 7] (V = 1 today).
+//            height, flip (0 or 1), out_width, out_height: int32 [V, 7] (V = 1 for an image
+//            without views).
+// Views (ImageTransform::views): a mask, boxes, points or plan that follows an image with views
+// names one of its groups in `follows` ("global"), and follows each view of that group, in view
+// order (the image field's own name, or no group, is refused, listing the groups). For a group
+// of V views: a mask is [V,S,S], a plan [V, 7]; boxes and points hold each view's items one view
+// after the other (sample major, view minor), at most V times the member's rows, and add a
+// batch field NAME + kPerViewSuffix, int64 [V]: the items of each view, so that the batch's
+// values split into B*V rows (row b*V + v is sample b's view v). A boxes field's paired fields
+// then hold their rows per view too, with the boxes' counts. Each view is mapped by the same
+// function of one ViewPlan (conveyor/geometry.h) as an image without views.
 // A ragged field (bytes, text, json, an array with a varying first dimension) holds at most
 // `max_bytes` bytes per sample (0: the kind's default, kDefaultMaxBytes); the batch slots are
 // sized from it once, so memory is bounded whatever the data.
 //
 // Requires: field names unique and non-empty, 1 to 16 fields; a mask's (boxes', points', a
-// plan's) `follows` names an image field of the same source; a boxes field's `paired` names
-// ragged array fields of the same source, each paired with one boxes field at most
-// (std::invalid_argument otherwise). A field that follows an image is
-// written after it, whatever the declared order, from the plan the image's writer published for
-// the sample (conveyor/image_plan.h). Guarantees: a sample that lacks a
-// field's member, or whose member does not fit the field (not decimal text, not UTF-8, malformed
-// JSON, an .npy of another dtype or shape or of dtype object (a pickle: never unpickled), more
-// than max_bytes), throws a std::runtime_error naming the sample (its shard and key, or its
-// manifest row), the field and, for a bound, the option (max_bytes); the loader turns it into a
-// SampleError or, under ErrorPolicy::kSkip, a counted substitute. Nothing from the data is ever
-// executed, and every size, shape and count is checked before anything is allocated for it.
-// Augmentation randomness is a pure function of (seed, epoch, index), as for ImageSource.
+// plan's) `follows` names an image field of the same source, or a group of its views; a boxes
+// field's `paired` names ragged array fields of the same source, each paired with one boxes field
+// at most (std::invalid_argument otherwise). A field that follows an image is written after it,
+// whatever the declared order, from the plan the image's writer published for the sample
+// (conveyor/image_plan.h). Guarantees: a sample that lacks a field's member, or whose member does
+// not fit the field (not decimal text, not UTF-8, malformed JSON, an .npy of another dtype or shape
+// or of dtype object (a pickle: never unpickled), more than max_bytes), throws a std::runtime_error
+// naming the sample (its shard and key, or its manifest row), the field and, for a bound, the
+// option (max_bytes); the loader turns it into a SampleError or, under ErrorPolicy::kSkip, a
+// counted substitute. Nothing from the data is ever executed, and every size, shape and count is
+// checked before anything is allocated for it. Augmentation randomness is a pure function of (seed,
+// epoch, index), as for ImageSource.
 #pragma once
 
 #include <cstddef>
@@ -174,6 +184,10 @@ struct Field {
   // keypoints); 0 (the default): a flat list is refused (an .npy or a list of lists says it).
   int point_columns = 0;
 
+  // The batch field of each view's count of a boxes or points field that follows a group of
+  // views: "boxes" + kPerViewSuffix = "boxes_per_view", int64 [V].
+  static constexpr const char* kPerViewSuffix = "_per_view";
+
   // An image field's keys when none are given (ImageSource's "image", Python's conveyor.Image):
   // the members OpenCLIP reads, each decoded by its content (a PNG named .jpg is a PNG).
   static constexpr const char* kDefaultImageKeys = "jpg;jpeg;png;webp";
@@ -207,11 +221,13 @@ struct Field {
   // dimension other than a leading -1, multi_hot on a shape that is not 1-d, max_bytes smaller
   // than one item). A mask's shape is its image's: spec() takes that image field (`leader`),
   // and throws for a mask (or boxes, points, a plan) without one, or with a leader that is not
-  // an image.
+  // an image. A follower of an image with views takes the shape of the group its `follows`
+  // names (see "Views" above).
   FieldSpec spec(const std::string& name, const Field* leader = nullptr) const;
   // The batch fields this field becomes: {spec(name, leader)}, or for an image whose transform
   // has views (ImageTransform::views), one field per group, named after the group, uint8
-  // [count, 3, S, S] (or [count, S, S, 3]) with S the group's size; `name` is then unused.
+  // [count, 3, S, S] (or [count, S, S, 3]) with S the group's size; `name` is then unused. Boxes
+  // or points that follow a group of views add their per-view counts, NAME + kPerViewSuffix.
   // Throws as spec() does, and std::invalid_argument for views that view_groups() refuses or
   // views with an output other than the default (RGB uint8), naming the field.
   std::vector<FieldSpec> specs(const std::string& name, const Field* leader = nullptr) const;
@@ -377,13 +393,16 @@ class FieldSource : public SampleSource {
   std::vector<FieldSpec> specs_;  // the batch's fields: each field's specs(), in order
   std::vector<std::vector<std::string>> keys_;    // per field: Field::key_list()
   std::vector<std::optional<size_t>> leader_of_;  // per field: the image field it follows
+  std::vector<std::optional<size_t>> group_of_;   // per follower: the group of views it follows
+  std::vector<size_t> views_of_;                  // per follower of a group: its count, else 0
+  std::vector<FieldSpec> writer_specs_;           // per field: its first spec, for its writer
   std::vector<size_t> first_row_;                 // per field: its first batch field (specs_)
   std::vector<size_t> write_order_;               // leaders before the fields that follow them
   std::vector<std::vector<size_t>> paired_;       // per boxes field: the fields paired with it
   // Drops the rows of field `paired`'s row that boxes field `boxes` dropped (its writer's
   // published rows); throws naming both when their counts differ.
-  void keep_paired_rows(size_t boxes, size_t paired, const detail::KeptRows& kept,
-                        std::byte* row) const;
+  void keep_paired_rows(size_t boxes, size_t paired, const detail::KeptRows& kept, std::byte* row,
+                        std::vector<std::byte>& scratch) const;
   std::vector<std::unique_ptr<Worker>> workers_;
 };
 
