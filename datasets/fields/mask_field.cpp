@@ -8,6 +8,7 @@
 // source columns resized to S takes source column floor((i + 0.5) * w / S) = (2i + 1) * w / (2S)
 // (PIL's NEAREST and torch's "nearest-exact"; the same centres as the image's bilinear resize, so
 // the mask stays on its image's pixels). Rows likewise. A flip mirrors the output's columns.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -64,14 +65,8 @@ class MaskFieldWriter final : public FieldWriter {
             " and its image (field \"" + follows_ + "\") is " + std::to_string(plan.width) + "x" +
             std::to_string(plan.height) + " (upright): they must be the same size");
       }
-      if (info.bit_depth < 8) {
-        // Not yet: in geometry_test's corpus a 2-bit palette mask read through the loader gave
-        // wrong samples in a row's last byte, which a direct decode did not reproduce.
-        throw std::runtime_error("a mask of " + std::to_string(info.bit_depth) +
-                                 " bits per sample is not supported yet (8 or 16 bits)");
-      }
       if (info.bit_depth == 16 && dtype_ == c10::ScalarType::Byte) {
-        throw std::runtime_error("a 16-bit mask needs dtype int32 (it is declared uint8)");
+        throw std::runtime_error("a 16-bit mask needs dtype int16 or int32 (it is declared uint8)");
       }
       region = decoder_->finish_samples(view.x, view.y, view.width, view.height);
     } catch (const std::logic_error&) {
@@ -79,12 +74,18 @@ class MaskFieldWriter final : public FieldWriter {
     } catch (const std::exception& e) {
       throw std::runtime_error(field_label(name_) + ": " + e.what());
     }
-    resample(region, view.flip, row);
+    const int over = resample(region, view.flip, row);
+    if (over >= 0) {
+      throw std::runtime_error(field_label(name_) + ": the mask holds the id " +
+                               std::to_string(over) +
+                               ", over 32767, which dtype int16 cannot hold: declare int32");
+    }
   }
 
  private:
   // region (the view's box) -> side_ x side_ by nearest pixel centres, mirrored if `flip`.
-  void resample(const SampleRegion& region, bool flip, std::byte* row) {
+  // Returns -1, or an id over 32767 that an int16 row cannot hold (the row is then not used).
+  int resample(const SampleRegion& region, bool flip, std::byte* row) {
     const int64_t s = side_;
     columns_.resize(static_cast<size_t>(side_));
     for (int64_t i = 0; i < s; ++i) {
@@ -100,6 +101,23 @@ class MaskFieldWriter final : public FieldWriter {
         for (int64_t i = 0; i < s; ++i) dst[i] = src[columns_[static_cast<size_t>(i)]];
         continue;
       }
+      if (dtype_ == c10::ScalarType::Short) {
+        auto* dst = reinterpret_cast<int16_t*>(row) + j * s;
+        int largest = 0;
+        for (int64_t i = 0; i < s; ++i) {
+          const size_t c = static_cast<size_t>(columns_[static_cast<size_t>(i)]);
+          int v = src[c];
+          if (wide) {
+            uint16_t w;
+            std::memcpy(&w, src + 2 * c, sizeof w);
+            v = w;
+          }
+          largest = std::max(largest, v);
+          dst[i] = static_cast<int16_t>(v);
+        }
+        if (largest > 32767) return largest;
+        continue;
+      }
       auto* dst = reinterpret_cast<int32_t*>(row) + j * s;
       for (int64_t i = 0; i < s; ++i) {
         const size_t c = static_cast<size_t>(columns_[static_cast<size_t>(i)]);
@@ -112,6 +130,7 @@ class MaskFieldWriter final : public FieldWriter {
         }
       }
     }
+    return -1;
   }
 
   std::string name_;
