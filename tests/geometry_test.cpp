@@ -213,14 +213,19 @@ int expected_at(const PngFile& mask, const ViewPlan& view, int i, int j) {
   return mask.samples.at(static_cast<size_t>(sy) * mask.spec.width + sx);
 }
 
-// Every kind of one-channel PNG, with the mask declared before its image (followers are written
-// after their leader whatever the order), over many samples of a train and an eval transform:
-// every output pixel is the mask's sample at the image's plan's box and flip, nearest by centres.
+// Every kind of one-channel PNG (gray and palette, 1 to 16 bits, interlaced or not: written by
+// tests/png_writer.h with zlib alone), with the mask declared before its image (followers are
+// written after their leader whatever the order), over many samples of a train and an eval
+// transform: every output pixel is the mask's sample at the image's plan's box and flip, nearest
+// by centres, in each dtype that holds the kind's ids.
 TEST(Mask, FollowsTheImagesBoxAndFlipPixelForPixel) {
   struct Kind {
     int color_type, depth;
+    c10::ScalarType dtype;
   };
-  const Kind kinds[] = {{3, 8}, {0, 8}, {0, 16}};
+  const Kind kinds[] = {{3, 1, c10::kByte}, {3, 2, c10::kByte},  {3, 4, c10::kShort},
+                        {3, 8, c10::kByte}, {0, 1, c10::kInt},   {0, 2, c10::kByte},
+                        {0, 4, c10::kByte}, {0, 8, c10::kShort}, {0, 16, c10::kInt}};
   for (const Kind& kind : kinds) {
     for (int interlaced = 0; interlaced < 2; ++interlaced) {
       for (const ImageTransform& t : {ImageTransform::train(24), ImageTransform::eval(20, 23)}) {
@@ -232,7 +237,7 @@ TEST(Mask, FollowsTheImagesBoxAndFlipPixelForPixel) {
           masks.push_back(mask_of(w, h, kind.color_type, kind.depth, interlaced != 0, 100 + k));
           pairs.push_back({image_of(w, h, 7 + k).bytes, masks.back().bytes});
         }
-        const c10::ScalarType dtype = kind.depth == 16 ? c10::kInt : c10::kByte;
+        const c10::ScalarType dtype = kind.dtype;
         auto source = FieldSource::from_reader(
             std::make_shared<PairReader>(pairs),
             {{"mask", Field::mask("seg", "image", dtype)}, {"image", Field::image("png", t)}});
@@ -259,10 +264,12 @@ TEST(Mask, FollowsTheImagesBoxAndFlipPixelForPixel) {
               const int got =
                   dtype == c10::kByte
                       ? static_cast<int>(reinterpret_cast<uint8_t*>(mask_row.data())[at])
+                  : dtype == c10::kShort
+                      ? static_cast<int>(reinterpret_cast<int16_t*>(mask_row.data())[at])
                       : reinterpret_cast<int32_t*>(mask_row.data())[at];
               ASSERT_EQ(got, expected_at(mask, view, x, y))
-                  << "kind " << kind.color_type << "/" << kind.depth << " sample " << i << " at ("
-                  << x << ", " << y << ")";
+                  << "kind " << kind.color_type << "/" << kind.depth << " interlaced " << interlaced
+                  << " sample " << i << " at (" << x << ", " << y << ")";
             }
           }
         }
@@ -274,7 +281,8 @@ TEST(Mask, FollowsTheImagesBoxAndFlipPixelForPixel) {
   }
 }
 
-// A mask never holds a value its source lacks: a checkerboard of 200 ids, shrunk and grown.
+// A mask never holds a value its source lacks: a checkerboard of 200 16-bit ids, shrunk and grown,
+// in int32 and in int16 (which holds them: all are under 32768).
 TEST(Mask, HoldsOnlyTheSourcesIds) {
   PngSpec s;
   s.width = 97;
@@ -293,20 +301,23 @@ TEST(Mask, HoldsOnlyTheSourcesIds) {
   // Re-encode the samples: make_png writes its own; build the file from a gray 16-bit spec.
   mask.bytes = testing::png_of_samples(s, mask.samples);
   for (int size : {16, 64, 301}) {
-    auto source =
-        FieldSource::from_reader(std::make_shared<PairReader>(std::vector<Pair>(
-                                     50, {image_of(97, 89, 3).bytes, mask.bytes})),
-                                 {{"image", Field::image("png", ImageTransform::train(size))},
-                                  {"mask", Field::mask("seg", "image", c10::kInt)}});
-    source->prepare(1);
-    std::vector<std::byte> image_row(source->fields()[0].sample_bytes()),
-        mask_row(source->fields()[1].sample_bytes());
-    std::byte* rows[] = {image_row.data(), mask_row.data()};
-    for (size_t i = 0; i < 50; ++i) {
-      source->write_sample({0, i, 5, 0}, rows);
-      const auto* v = reinterpret_cast<const int32_t*>(mask_row.data());
-      for (size_t p = 0; p < static_cast<size_t>(size) * size; ++p) {
-        ASSERT_TRUE(ids.count(v[p])) << v[p];
+    for (const c10::ScalarType dtype : {c10::kInt, c10::kShort}) {
+      auto source =
+          FieldSource::from_reader(std::make_shared<PairReader>(std::vector<Pair>(
+                                       50, {image_of(97, 89, 3).bytes, mask.bytes})),
+                                   {{"image", Field::image("png", ImageTransform::train(size))},
+                                    {"mask", Field::mask("seg", "image", dtype)}});
+      source->prepare(1);
+      std::vector<std::byte> image_row(source->fields()[0].sample_bytes()),
+          mask_row(source->fields()[1].sample_bytes());
+      std::byte* rows[] = {image_row.data(), mask_row.data()};
+      for (size_t i = 0; i < 50; ++i) {
+        source->write_sample({0, i, 5, 0}, rows);
+        for (size_t p = 0; p < static_cast<size_t>(size) * size; ++p) {
+          const int v = dtype == c10::kInt ? reinterpret_cast<const int32_t*>(mask_row.data())[p]
+                                           : reinterpret_cast<const int16_t*>(mask_row.data())[p];
+          ASSERT_TRUE(ids.count(v)) << v;
+        }
       }
     }
   }
@@ -342,13 +353,28 @@ TEST(Mask, ClearErrors) {
             "field \"mask\": the mask is 40x30 and its image (field \"image\") is 41x30 "
             "(upright): they must be the same size");
   EXPECT_EQ(error_of(*source, 1),
-            "field \"mask\": a 16-bit mask needs dtype int32 (it is declared uint8)");
+            "field \"mask\": a 16-bit mask needs dtype int16 or int32 (it is declared uint8)");
   EXPECT_EQ(error_of(*source, 2),
             "field \"mask\": PNG of one channel wanted (gray or palette), not RGB");
-  const std::vector<Pair> low = {
-      {image_of(40, 30, 1).bytes, mask_of(40, 30, 3, 4, false, 1).bytes}};
-  EXPECT_EQ(error_of(*FieldSource::from_reader(std::make_shared<PairReader>(low), fields), 0),
-            "field \"mask\": a mask of 4 bits per sample is not supported yet (8 or 16 bits)");
+  // An id over 32767 in an int16 mask is refused, never wrapped to a negative id.
+  PngSpec wide_spec;
+  wide_spec.width = 40;
+  wide_spec.height = 30;
+  wide_spec.color_type = 0;
+  wide_spec.bit_depth = 16;
+  std::vector<uint16_t> wide_ids(40 * 30, 7);
+  wide_ids[15 * 40 + 20] = 40000;  // the centre: in every crop of a resize to the whole image
+  const std::vector<Pair> wide = {
+      {image_of(40, 30, 1).bytes, testing::png_of_samples(wide_spec, wide_ids)}};
+  ImageTransform whole = ImageTransform::train(40);
+  whole.mode = ImageTransform::Mode::kResize;
+  EXPECT_EQ(
+      error_of(*FieldSource::from_reader(std::make_shared<PairReader>(wide),
+                                         {{"image", Field::image("png", whole)},
+                                          {"mask", Field::mask("seg", "image", c10::kShort)}}),
+               0),
+      "field \"mask\": the mask holds the id 40000, over 32767, which dtype int16 cannot "
+      "hold: declare int32");
   EXPECT_EQ(error_of(*source, 3),
             "field \"mask\": a mask is a gray or palette PNG, not bytes of no known image format");
   // A mask must follow an image field of the same source.

@@ -136,10 +136,13 @@ class PngDecoder final : public ImageDecoder {
     check(spng_decoded_image_size(ctx.get(), SPNG_FMT_RAW, &packed_row), "sizing the image");
     packed_row /= static_cast<size_t>(full_h);
     if (ihdr_.interlace_method != SPNG_INTERLACE_NONE) {
+      // libspng 0.7.3 puts an Adam7 pass's samples in place whole bytes at a time, which is
+      // wrong below 8 bits (spng_decode_image(SPNG_FMT_RAW) returned other samples for 1-, 2- and
+      // 4-bit images): the passes' own scanlines are read, and each sample is put in place here.
       const size_t size = packed_row * static_cast<size_t>(full_h);
       if (whole_.size() < size) whole_.resize(size);
-      check(spng_decode_image(ctx.get(), whole_.data(), size, SPNG_FMT_RAW, 0),
-            "decoding the image");
+      std::fill_n(whole_.begin(), size, uint8_t{0});
+      deinterlace(ctx.get(), packed_row);
       verify_end(ctx.get());
       for (int r = y; r < y + height; ++r) {
         unpack(whole_.data() + static_cast<size_t>(r) * packed_row, r);
@@ -258,6 +261,48 @@ class PngDecoder final : public ImageDecoder {
     if (last == full_h - 1) verify_end(ctx.get());
     image.pixels = narrowing ? region_.data() : region_.data() + static_cast<size_t>(x) * in_pixel;
     return image;
+  }
+
+  // The image's samples, in the file's packing (SPNG_FMT_RAW: packed below 8 bits, big-endian at
+  // 16), into whole_ (zeroed, packed_row bytes a row), from the Adam7 passes' scanlines: sample i
+  // of pass p's scanline k is the stored pixel (x0[p] + i * dx[p], y0[p] + k * dy[p]).
+  void deinterlace(spng_ctx* ctx, size_t packed_row) {
+    static constexpr int x0[7] = {0, 4, 0, 2, 0, 1, 0}, y0[7] = {0, 0, 4, 0, 2, 0, 1};
+    static constexpr int dx[7] = {8, 8, 4, 4, 2, 2, 1}, dy[7] = {8, 8, 8, 4, 4, 2, 2};
+    const int depth = ihdr_.bit_depth;
+    const int width = static_cast<int>(ihdr_.width);
+    check(spng_decode_image(ctx, nullptr, 0, SPNG_FMT_RAW, SPNG_DECODE_PROGRESSIVE),
+          "starting the decode");
+    if (scratch_.size() < packed_row) scratch_.resize(packed_row);
+    for (;;) {
+      spng_row_info info{};
+      const int got = spng_get_row_info(ctx, &info);
+      if (got == SPNG_EOI) break;
+      check(got, "reading a pass's row");
+      const int pass = info.pass;
+      const int status = spng_decode_scanline(ctx, scratch_.data(), packed_row);
+      if (status != 0 && status != SPNG_EOI) {
+        fail("decoding pass " + std::to_string(pass + 1) + "'s row " +
+                 std::to_string(info.scanline_idx),
+             status);
+      }
+      const size_t row = static_cast<size_t>(y0[pass]) + size_t{info.scanline_idx} * dy[pass];
+      uint8_t* to = whole_.data() + row * packed_row;
+      for (int i = 0, x = x0[pass]; x < width; ++i, x += dx[pass]) {
+        if (depth >= 8) {
+          const size_t bytes = static_cast<size_t>(depth / 8);
+          std::memcpy(to + static_cast<size_t>(x) * bytes, scratch_.data() + i * bytes, bytes);
+        } else {
+          const size_t from_bit = static_cast<size_t>(i) * depth,
+                       to_bit = static_cast<size_t>(x) * depth;
+          const int sample =
+              (scratch_[from_bit / 8] >> (8 - depth - from_bit % 8)) & ((1 << depth) - 1);
+          to[to_bit / 8] =
+              static_cast<uint8_t>(to[to_bit / 8] | sample << (8 - depth - to_bit % 8));
+        }
+      }
+      if (status == SPNG_EOI) break;
+    }
   }
 
   [[noreturn]] static void fail(const std::string& what, int status) {

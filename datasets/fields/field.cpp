@@ -259,8 +259,9 @@ FieldSpec Field::spec(const std::string& name, const Field* leader) const {
       return spec;
     }
     case Kind::kMask: {
-      if (dtype != c10::ScalarType::Byte && dtype != c10::ScalarType::Int) {
-        throw bad("a mask's dtype is uint8 or int32 (int32 for 16-bit masks)");
+      if (dtype != c10::ScalarType::Byte && dtype != c10::ScalarType::Short &&
+          dtype != c10::ScalarType::Int) {
+        throw bad("a mask's dtype is uint8, int16 or int32 (int16 or int32 for 16-bit masks)");
       }
       const Followed followed = check_leader();
       spec.dtype = dtype;

@@ -83,14 +83,8 @@ class MaskFieldWriter final : public FieldWriter {
             " and its image (field \"" + follows_ + "\") is " + std::to_string(plan.width) + "x" +
             std::to_string(plan.height) + " (upright): they must be the same size");
       }
-      if (info.bit_depth < 8) {
-        // Not yet: in geometry_test's corpus a 2-bit palette mask read through the loader gave
-        // wrong samples in a row's last byte, which a direct decode did not reproduce.
-        throw std::runtime_error("a mask of " + std::to_string(info.bit_depth) +
-                                 " bits per sample is not supported yet (8 or 16 bits)");
-      }
       if (info.bit_depth == 16 && dtype_ == c10::ScalarType::Byte) {
-        throw std::runtime_error("a 16-bit mask needs dtype int32 (it is declared uint8)");
+        throw std::runtime_error("a 16-bit mask needs dtype int16 or int32 (it is declared uint8)");
       }
       region = decoder_->finish_samples(x0, y0, x1 - x0, y1 - y0);
     } catch (const std::logic_error&) {
@@ -98,17 +92,23 @@ class MaskFieldWriter final : public FieldWriter {
     } catch (const std::exception& e) {
       throw std::runtime_error(field_label(name_) + ": " + e.what());
     }
-    const size_t view_bytes = static_cast<size_t>(side_) * static_cast<size_t>(side_) *
-                              (dtype_ == c10::ScalarType::Byte ? 1 : sizeof(int32_t));
+    const size_t view_bytes =
+        static_cast<size_t>(side_) * static_cast<size_t>(side_) * c10::elementSize(dtype_);
     for (size_t v = 0; v < views_; ++v) {
-      resample(region, plan.views[v], x0, y0, rows[0] + v * view_bytes);
+      const int over = resample(region, plan.views[v], x0, y0, rows[0] + v * view_bytes);
+      if (over >= 0) {
+        throw std::runtime_error(field_label(name_) + ": the mask holds the id " +
+                                 std::to_string(over) +
+                                 ", over 32767, which dtype int16 cannot hold: declare int32");
+      }
     }
   }
 
  private:
   // The view's box of `region` (which starts at x0, y0 of the mask) -> side_ x side_ by nearest
-  // pixel centres, mirrored if the view is.
-  void resample(const SampleRegion& region, const ViewPlan& view, int x0, int y0, std::byte* row) {
+  // pixel centres, mirrored if the view is. Returns -1, or an id over 32767 that an int16 row
+  // cannot hold (the row is then not used).
+  int resample(const SampleRegion& region, const ViewPlan& view, int x0, int y0, std::byte* row) {
     const int64_t s = side_;
     const bool wide = region.bit_depth == 16;
     const int64_t left = view.x - x0;
@@ -125,6 +125,23 @@ class MaskFieldWriter final : public FieldWriter {
         for (int64_t i = 0; i < s; ++i) dst[i] = src[columns_[static_cast<size_t>(i)]];
         continue;
       }
+      if (dtype_ == c10::ScalarType::Short) {
+        auto* dst = reinterpret_cast<int16_t*>(row) + j * s;
+        int largest = 0;
+        for (int64_t i = 0; i < s; ++i) {
+          const size_t c = static_cast<size_t>(columns_[static_cast<size_t>(i)]);
+          int v = src[c];
+          if (wide) {
+            uint16_t w;
+            std::memcpy(&w, src + 2 * c, sizeof w);
+            v = w;
+          }
+          largest = std::max(largest, v);
+          dst[i] = static_cast<int16_t>(v);
+        }
+        if (largest > 32767) return largest;
+        continue;
+      }
       auto* dst = reinterpret_cast<int32_t*>(row) + j * s;
       for (int64_t i = 0; i < s; ++i) {
         const size_t c = static_cast<size_t>(columns_[static_cast<size_t>(i)]);
@@ -137,6 +154,7 @@ class MaskFieldWriter final : public FieldWriter {
         }
       }
     }
+    return -1;
   }
 
   std::string name_;

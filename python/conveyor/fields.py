@@ -23,7 +23,7 @@ column. A batch is a :class:`FieldBatch`, a dict keyed by field name:
   flattened) a ``torch.nested`` tensor of ``layout=torch.jagged`` on the loader's device;
   ``multi_hot=True`` makes a list of class indices a multi-hot row of ``shape=(classes,)``;
 - ``Mask``: a segmentation mask that follows an image field's crop, flip and size (nearest
-  neighbour, palette indices kept as class ids): uint8 [B,S,S], or int32 for 16-bit masks;
+  neighbour, palette indices kept as class ids): uint8 [B,S,S], or int16/int32 for 16-bit masks;
 - ``Boxes`` / ``Points``: boxes [N, 4] / points [N, 2 or 3] that follow an image field's crop,
   scale and flip: jagged float32 [B, N_i, 4] / [B, N_i, 3]; a dropped box takes its labels' rows;
 - ``Plan``: each sample's plan of an image field, int32 [B, V, 7] (x, y, w, h, flip, out_w, out_h);
@@ -135,16 +135,17 @@ class Image(Field):
 
 
 class Mask(Field):
-    """A segmentation mask that follows the image field ``follows``: a gray (8 or 16 bits) or
-    8-bit palette PNG of the image's size, read as its samples (a palette PNG's indices are the class
-    ids, never converted to colours), cut with the image's crop box, resized nearest-neighbour
-    (by pixel centres) to the image's output size and flipped with it. uint8 [B,S,S]
-    (``dtype=torch.uint8``, the default) or int32 (``dtype=torch.int32``, which a 16-bit mask
-    needs). A mask of another size than its image's, or of colours (RGB), is the sample's error
-    naming the field and both sizes. Samples with a mask are decoded on the CPU (under
-    ``gpu_decode`` too), where the image's plan is handed to the mask. Of an image with
-    ``conveyor.Views``, ``follows`` names a group: [B,V,S,S], each view's mask (the image's own
-    name is refused, listing the groups)."""
+    """A segmentation mask that follows the image field ``follows``: a gray or palette PNG of 1,
+    2, 4, 8 or 16 bits (interlaced or not) of the image's size, read as its samples (a palette
+    PNG's indices are the class ids, never converted to colours), cut with the image's crop box,
+    resized nearest-neighbour (by pixel centres) to the image's output size and flipped with it.
+    uint8 [B,S,S] (``dtype=torch.uint8``, the default), int16 or int32 (``torch.int16`` /
+    ``torch.int32``, which a 16-bit mask needs; an id over 32767 in an int16 mask is the
+    sample's error, never wrapped). A mask of another size than its image's, or of colours
+    (RGB), is the sample's error naming the field and both sizes. Samples with a mask are
+    decoded on the CPU (under ``gpu_decode`` too), where the image's plan is handed to the
+    mask. Of an image with ``conveyor.Views``, ``follows`` names a group: [B,V,S,S], each view's
+    mask (the image's own name is refused, listing the groups)."""
 
     kind = "mask"
 
@@ -154,9 +155,9 @@ class Mask(Field):
         if not isinstance(follows, str) or not follows:
             raise ValueError(f"conveyor: Mask follows an image field, named by a non-empty str, "
                              f"not {follows!r}")
-        if dtype not in (torch.uint8, torch.int32):
-            raise ValueError(f"conveyor: Mask dtype must be torch.uint8 or torch.int32, "
-                             f"not {dtype!r}")
+        if dtype not in (torch.uint8, torch.int16, torch.int32):
+            raise ValueError(f"conveyor: Mask dtype must be torch.uint8, torch.int16 or "
+                             f"torch.int32, not {dtype!r}")
         self.follows = follows
         self.dtype = dtype
 

@@ -28,11 +28,13 @@
 //   text     UTF-8 text (checked), ragged uint8, host_only; a JSON cell's string is unquoted;
 //   json     a JSON value (checked: well formed, nested at most kMaxJsonDepth), its text as
 //            ragged uint8, host_only;
-//   mask     a segmentation mask that follows an image field (`follows`): a gray (8 or 16 bits)
-//            or 8-bit palette PNG of the image's upright size, read as its samples (a palette's
-//            indices are the class ids, never colours), cut with the image's crop box, resized
-//            nearest-neighbour to the image's output size and flipped with it: [S,S] of dtype
-//            uint8 (the default) or int32 (needed for a 16-bit mask). See conveyor/image_plan.h.
+//   mask     a segmentation mask that follows an image field (`follows`): a gray or palette PNG
+//            of 1, 2, 4, 8 or 16 bits, interlaced or not, of the image's upright size, read as
+//            its samples (a palette's indices are the class ids, never colours), cut with the
+//            image's crop box, resized nearest-neighbour to the image's output size and flipped
+//            with it: [S,S] of dtype uint8 (the default), int16 or int32 (a 16-bit mask needs
+//            one of these; a sample over 32767 in an int16 mask is the sample's error, never
+//            wrapped). See conveyor/image_plan.h.
 //   boxes    boxes that follow an image field: [N, 4] XYXY in the upright image's pixels (an
 //            .npy of any real or integer dtype, a JSON list of [x1, y1, x2, y2] lists or a flat
 //            list of 4N numbers), mapped into the view's output pixels, clipped to it, mirrored
@@ -202,7 +204,7 @@ struct Field {
   static Field bytes(std::string keys, size_t max_bytes = 0);
   static Field text(std::string keys, size_t max_bytes = 0);
   static Field json(std::string keys, size_t max_bytes = 0);
-  // A mask that follows image field `follows`; dtype uint8 (Byte) or int32 (Int).
+  // A mask that follows image field `follows`; dtype uint8 (Byte), int16 (Short) or int32 (Int).
   static Field mask(std::string keys, std::string follows = "image",
                     c10::ScalarType dtype = c10::ScalarType::Byte);
 
