@@ -309,8 +309,9 @@ std::vector<uint8_t> truncated_scan(std::vector<uint8_t> file) {
 // - scrambled in the middle without a marker: the entropy-coded data of a baseline JPEG has no
 //   redundancy to check when its Huffman tables fill their code space, so neither decoder has to
 //   notice (on an H200, driver 580, nvJPEG 13, the hardware decoded it and libjpeg-turbo accepted
-//   it: wrong pixels from both, docs/gpu.md). What holds for it is the rest: a row the hardware
-//   refuses is never written, the stream is idle after the call, and the next call is healthy.
+//   it: wrong pixels from both, docs/design.md's GPU decode). What holds for it is the rest: a row
+//   the hardware refuses is never written, the stream is idle after the call, and the next call is
+//   healthy.
 TEST_F(GpuDecode, ACorruptScanNeverBecomesARowAndTheStreamIsIdleAfterARefusedBatch) {
   ImageTransform t = ImageTransform::train(96);
   t.mode = ImageTransform::Mode::kResize;
