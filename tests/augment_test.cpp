@@ -593,5 +593,152 @@ TEST(PerSampleOps, TheDrawsFollowTheirLaws) {
   EXPECT_NEAR(rotate_sum / static_cast<double>(rotates), 8.99, 0.05);
 }
 
+// ---------------------------------------------------------------------------------------------
+// per_field(): a pipeline per image field or view group.
+
+// A batch of view group "views" uint8 [b, v, 3, s, s] (or [b, v, s, s, 3]), image field
+// "image" [b, 3, s, s] and "label".
+BatchFields views_batch(int64_t b, int64_t v, int64_t s, bool hwc = false) {
+  at::Tensor group = photos(b * v, s, 9).view({b, v, 3, s, s});
+  if (hwc) group = group.permute({0, 1, 3, 4, 2}).contiguous();
+  BatchFields batch;
+  batch.specs = {{"views", c10::ScalarType::Byte,
+                  hwc ? std::vector<int64_t>{v, s, s, 3} : std::vector<int64_t>{v, 3, s, s}},
+                 {"image", c10::ScalarType::Byte, {3, s, s}},
+                 {"label", c10::ScalarType::Long, {}}};
+  batch.tensors = {group, photos(b, s, 3), at::arange(b, at::kLong)};
+  return batch;
+}
+
+std::shared_ptr<const BatchOp> dino_like(double blur_p, bool normalized) {
+  ColorJitterOptions jitter;
+  jitter.brightness_min = 0.6, jitter.brightness_max = 1.4;
+  jitter.saturation_min = 0.8, jitter.saturation_max = 1.2;
+  jitter.p = 0.8;
+  GaussianBlurOptions blur;
+  blur.kernel_size = {5, 5};
+  blur.p = blur_p;
+  std::vector<std::shared_ptr<const BatchOp>> ops{color_jitter(jitter), random_grayscale(0.2),
+                                                  gaussian_blur(blur), random_solarize(128, 0.3)};
+  if (normalized) ops.push_back(normalize(NormalizeOptions{}));
+  return compose(ops);
+}
+
+TEST(PerField, OneOpForAGroupIsThatOpForEachViewBitForBit) {
+  const int64_t b = 6, v = 3, s = 16;
+  for (const bool normalized : {false, true}) {
+    for (const bool hwc : {false, true}) {
+      const auto op = dino_like(0.5, normalized);
+      const auto one = per_field({{"views", {op}}});
+      const auto each = per_field({{"views", {op, op, op}}});
+      BatchFields a = views_batch(b, v, s, hwc), c = views_batch(b, v, s, hwc);
+      const at::Tensor before = a.tensors[0].clone(), image = a.tensors[1].clone();
+      const std::vector<FieldSpec> specs = one->out_fields(a.specs);
+      apply_op(*one, a, context(b, 3, 1, 0, 40));
+      apply_op(*each, c, context(b, 3, 1, 0, 40));
+      EXPECT_TRUE(a.tensors[0].equal(c.tensors[0])) << normalized << hwc;
+      EXPECT_EQ(a.specs[0].sample_shape, specs[0].sample_shape);
+      EXPECT_EQ(a.specs[0].dtype, normalized ? c10::ScalarType::Float : c10::ScalarType::Byte);
+      if (normalized) {
+        EXPECT_EQ(a.tensors[0].sizes().vec(), (std::vector<int64_t>{b, v, 3, s, s}));
+      } else {
+        EXPECT_FALSE(a.tensors[0].equal(before));
+      }
+      EXPECT_TRUE(a.tensors[1].equal(image)) << "the other image field is left alone";
+    }
+  }
+}
+
+TEST(PerField, EachViewDrawsOnItsOwnAndTheSampleDecidesNotTheBatch) {
+  const int64_t b = 8, v = 4, s = 12;
+  const auto op =
+      per_field({{"views", {compose({random_solarize(128, 0.5), random_grayscale(0.5)})}}});
+  BatchFields batch = views_batch(b, v, s);
+  for (int64_t k = 1; k < v; ++k)
+    batch.tensors[0].select(1, k).copy_(batch.tensors[0].select(1, 0));
+  apply_op(*op, batch, context(b, 5, 0, 0, 10));
+  // The views start equal; with 4 outcomes each, some sample's views must differ.
+  int64_t differing = 0;
+  for (int64_t r = 0; r < b; ++r) {
+    for (int64_t k = 1; k < v; ++k) {
+      differing += !batch.tensors[0][r][k].equal(batch.tensors[0][r][0]);
+    }
+  }
+  EXPECT_GT(differing, 6);
+  // The same samples in another batch, in reverse order, get the same views.
+  BatchFields reversed = views_batch(b, v, s);
+  for (int64_t k = 1; k < v; ++k) {
+    reversed.tensors[0].select(1, k).copy_(reversed.tensors[0].select(1, 0));
+  }
+  reversed.tensors[0] = reversed.tensors[0].flip(0).contiguous();
+  BatchContext ctx = context(b, 5, 0, 0, 10);
+  std::reverse(ctx.indices.begin(), ctx.indices.end());
+  apply_op(*op, reversed, ctx);
+  EXPECT_TRUE(reversed.tensors[0].flip(0).equal(batch.tensors[0]));
+  // A field of one image draws as view 0 of a group.
+  BatchFields plain = views_batch(b, 1, s), group = views_batch(b, 1, s);
+  plain.specs[0].sample_shape = {3, s, s};
+  plain.tensors[0] = plain.tensors[0].select(1, 0).contiguous();
+  apply_op(*op, plain, context(b, 5));
+  apply_op(*op, group, context(b, 5));
+  EXPECT_TRUE(plain.tensors[0].equal(group.tensors[0].select(1, 0)));
+}
+
+TEST(PerField, AnOpPerViewRunsOnItsViewOnly) {
+  const int64_t b = 5, v = 2, s = 10;
+  const auto op = per_field({{"views", {random_solarize(128, 1.0), random_grayscale(0.0)}},
+                             {"image", {random_grayscale(1.0)}}});
+  BatchFields batch = views_batch(b, v, s);
+  const at::Tensor before = batch.tensors[0].clone(), image = batch.tensors[1].clone();
+  const at::Tensor* slot = &batch.tensors[0];
+  const void* storage = batch.tensors[0].data_ptr();
+  apply_op(*op, batch, context(b));
+  EXPECT_EQ(slot->data_ptr(), storage) << "uint8 ops write the slot in place";
+  EXPECT_TRUE(batch.tensors[0].select(1, 0).equal(F::solarize(before.select(1, 0), 128)));
+  EXPECT_TRUE(batch.tensors[0].select(1, 1).equal(before.select(1, 1)));
+  EXPECT_TRUE(batch.tensors[1].equal(F::rgb_to_grayscale(image)));
+}
+
+TEST(PerField, RecordsWhatEachViewReceived) {
+  const int64_t b = 4, v = 3, s = 10;
+  const auto op = per_field({{"views", {random_solarize(128, 1.0)}}});
+  BatchFields batch = views_batch(b, v, s);
+  AugmentRecord record;
+  record.rows.resize(b);
+  BatchContext ctx = context(b);
+  ctx.record = &record;
+  apply_op(*op, batch, ctx);
+  ASSERT_EQ(record.fields.size(), 1u);
+  EXPECT_EQ(record.fields[0].field, "views");
+  EXPECT_EQ(record.fields[0].views, 3u);
+  ASSERT_EQ(record.fields[0].draws.rows.size(), static_cast<size_t>(b * v));
+  for (const auto& row : record.fields[0].draws.rows) {
+    ASSERT_EQ(row.size(), 1u);
+    EXPECT_EQ(row[0].op, "RandomSolarize");
+  }
+}
+
+TEST(PerField, RefusesWhatItCannotRunNamingTheField) {
+  const std::vector<FieldSpec> specs = views_batch(2, 3, 8).specs;
+  const auto refused = [&](const std::shared_ptr<const BatchOp>& op, const std::string& words) {
+    try {
+      op->out_fields(specs);
+      ADD_FAILURE() << op->name() << " was taken";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  const auto jitter = random_grayscale(0.5);
+  refused(per_field({{"views", {jitter, jitter}}}), "view group of 3 views");
+  refused(per_field({{"image", {jitter, jitter}}}), "is one image a sample");
+  refused(per_field({{"label", {jitter}}}), "\"label\"");
+  refused(per_field({{"caption", {jitter}}}), "\"caption\"");
+  refused(per_field({{"views", {jitter, normalize(NormalizeOptions{}), jitter}}}),
+          "make different images");
+  refused(per_field({{"views", {mixup(1.0, 10)}}}), "\"label\"");
+  EXPECT_THROW(per_field({{"views", {jitter}}, {"views", {jitter}}}), std::invalid_argument);
+  EXPECT_THROW(per_field({{"views", {}}}), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace conveyor

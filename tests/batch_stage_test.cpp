@@ -12,7 +12,11 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <string>
@@ -20,6 +24,7 @@
 #include <vector>
 
 #include "conveyor/augment.h"
+#include "conveyor/fields.h"
 #include "test_support.h"
 
 namespace conveyor {
@@ -94,6 +99,52 @@ class BatchStageTest : public ::testing::Test {
   TempDir dir;
 };
 
+// The folder's files in path order, as a source of views: "global" [2, 3, 24, 24] and "local"
+// [3, 3, 12, 12], and "label" (the file's number).
+class FolderFiles final : public MemberReader {
+ public:
+  explicit FolderFiles(const std::filesystem::path& root) {
+    std::vector<std::filesystem::path> paths;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(root)) {
+      if (e.is_regular_file()) paths.push_back(e.path());
+    }
+    std::sort(paths.begin(), paths.end());
+    for (const auto& p : paths) {
+      std::ifstream in(p, std::ios::binary);
+      files_.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+  }
+  size_t size() const override { return files_.size(); }
+  void read(const SampleContext& ctx, MemberList& out) override {
+    const std::vector<char>& f = files_.at(ctx.index);
+    out.add_bytes("jpg", reinterpret_cast<const uint8_t*>(f.data()), f.size());
+    out.add_integer("cls", static_cast<int64_t>(ctx.index));
+  }
+
+ private:
+  std::vector<std::vector<char>> files_;
+};
+
+std::shared_ptr<SampleSource> views_source(const std::filesystem::path& root) {
+  ImageTransform t = ImageTransform::train(24);
+  t.views = {{"global", 2, ImageTransform::train(24)}, {"local", 3, ImageTransform::train(12)}};
+  return FieldSource::from_reader(
+      std::make_shared<FolderFiles>(root),
+      {{"image", Field::image("jpg", t)}, {"label", Field::integer("cls")}});
+}
+
+// DINOv2's shape of pipeline: an op per global view, one for every local view, exact ops (so that
+// the CPU and CUDA agree to the bit but for Normalize's float arithmetic).
+std::shared_ptr<const BatchOp> per_view_recipe() {
+  RandomErasingOptions erasing;
+  erasing.p = 0.5;
+  return per_field(
+      {{"global",
+        {compose({random_solarize(128, 1.0), normalize({})}),
+         compose({random_erasing(erasing), random_solarize(100, 0.5), normalize({})})}},
+       {"local", {compose({random_erasing(erasing), random_solarize(64, 0.5)})}}});
+}
+
 TEST_F(BatchStageTest, TheStageAppliesThePipelineWithTheBatchsOwnContext) {
   const std::vector<Received> plain = run(config(2, 2, nullptr));
   const std::vector<Received> staged = run(config(2, 2, recipe()));
@@ -159,6 +210,52 @@ TEST_F(BatchStageTest, AResumeAtEverySavePointGivesTheSameBatches) {
       }
     }
     EXPECT_EQ(next, reference.size()) << where;
+  }
+}
+
+TEST_F(BatchStageTest, PerViewPipelinesGiveTheSameBatchesForAnyWorkersAndAfterAResume) {
+  const auto run_views = [&](LoaderOptions o, bool copy_stage, size_t skip) {
+    DataLoader loader(views_source(dir.path()), std::move(o), RandomSampler::make(7),
+                      copy_stage ? std::make_unique<InstantCopyEngine>() : nullptr);
+    if (skip > 0) {  // a resume after `skip` batches of a 2-worker loader
+      LoaderState state;
+      {
+        DataLoader first(views_source(dir.path()), config(2, 1, per_view_recipe()),
+                         RandomSampler::make(7));
+        auto it = first.begin();
+        for (size_t i = 1; i < skip; ++i) ++it;
+        state = first.state();
+      }
+      loader.load_state(LoaderState::parse(state.serialize()));
+    }
+    std::vector<Received> got;
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (Batch& b : loader) got.push_back(copy_of(b));
+    }
+    return got;
+  };
+  const std::vector<Received> reference = run_views(config(1, 0, per_view_recipe()), false, 0);
+  ASSERT_EQ(reference.size(), 10u);
+  const Received& first = reference[0];
+  ASSERT_EQ(first.fields.size(), 3u);
+  EXPECT_EQ(first.fields[0].scalar_type(), at::kFloat);
+  EXPECT_EQ(first.fields[0].sizes().vec(), (std::vector<int64_t>{4, 2, 3, 24, 24}));
+  EXPECT_EQ(first.fields[1].scalar_type(), at::kByte);
+  EXPECT_EQ(first.fields[1].sizes().vec(), (std::vector<int64_t>{4, 3, 3, 12, 12}));
+  // Global view 0 is solarized at 128 whole: nothing of it lies above 127 after Normalize.
+  const double top = (127.0 / 255.0 - 0.406) / 0.225;  // the highest channel's bound
+  EXPECT_LE(first.fields[0].select(1, 0).max().item<double>(), top + 1e-4);
+  const std::vector<Received> four = run_views(config(4, 1, per_view_recipe()), false, 0);
+  const std::vector<Received> copied = run_views(config(3, 2, per_view_recipe()), true, 0);
+  const std::vector<Received> resumed = run_views(config(4, 1, per_view_recipe()), false, 2);
+  ASSERT_EQ(four.size(), reference.size());
+  ASSERT_EQ(copied.size(), reference.size());
+  ASSERT_EQ(resumed.size(), reference.size() - 2);
+  for (size_t i = 0; i < reference.size(); ++i) {
+    expect_identical(four[i], reference[i], "4 workers, batch " + std::to_string(i));
+    expect_identical(copied[i], reference[i], "copy stage, batch " + std::to_string(i));
+    if (i >= 2)
+      expect_identical(resumed[i - 2], reference[i], "resumed, batch " + std::to_string(i));
   }
 }
 
@@ -334,6 +431,33 @@ TEST(BatchStageGpu, TheStageRunsOnTheSideStreamBeforeTheFence) {
     }
   }
   EXPECT_EQ(rows, 32u);
+}
+
+TEST(BatchStageGpu, PerViewPipelinesOnTheDeviceGiveTheCpuLoadersBatches) {
+  const CudaStatus cuda = cuda_status();
+  if (!cuda.usable()) GTEST_SKIP() << "no usable CUDA device: " << cuda.reason;
+  TempDir dir;
+  testing::make_small_folder(dir.path(), {"a", "b", "c"}, 6, 48, 40);
+  LoaderOptions cpu = config(2, 0, per_view_recipe());
+  LoaderOptions gpu = cpu;
+  gpu.device = c10::Device(c10::DeviceType::CUDA, 0);
+  DataLoader on_cpu(views_source(dir.path()), cpu, RandomSampler::make(7));
+  DataLoader on_gpu(views_source(dir.path()), gpu, RandomSampler::make(7));
+  std::vector<Received> want;
+  for (Batch& b : on_cpu) want.push_back(copy_of(b));
+  size_t i = 0;
+  for (Batch& b : on_gpu) {
+    ASSERT_LT(i, want.size());
+    ASSERT_TRUE(b.fields[0].is_cuda());
+    const Received got = copy_of(b);  // on the current stream, after the fence
+    EXPECT_EQ(got.indices, want[i].indices);
+    // Normalize's float arithmetic may round apart by an ulp; the uint8 ops are exact.
+    EXPECT_TRUE(at::allclose(got.fields[0], want[i].fields[0], 0, 1e-5)) << "batch " << i;
+    EXPECT_TRUE(got.fields[1].equal(want[i].fields[1])) << "batch " << i;
+    EXPECT_TRUE(got.fields[2].equal(want[i].fields[2])) << "batch " << i;
+    ++i;
+  }
+  EXPECT_EQ(i, want.size());
 }
 
 }  // namespace

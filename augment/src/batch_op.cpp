@@ -68,7 +68,8 @@ class Compose final : public BatchOp {
 
 SampleRng BatchContext::sample_rng(size_t row) const {
   const uint32_t repeat = row < repeats.size() ? repeats[row] : 0;
-  return SampleRng(stream_seed(seed, kSampleStream, op, view, repeat), epoch, indices.at(row));
+  const uint32_t row_view = row < views.size() ? views[row] : view;
+  return SampleRng(stream_seed(seed, kSampleStream, op, row_view, repeat), epoch, indices.at(row));
 }
 
 SampleRng BatchContext::batch_rng() const {

@@ -284,7 +284,10 @@ class DataLoader:
                  device: Union[str, torch.device, None] = ..., on_error: str = ...,
                  max_substitutes: int = ..., slots: int = ..., chunk_size: int = ...,
                  gpu_decode: Union[str, float] = ...,
-                 batch_transform: Optional[augment.BatchTransform] = ...,
+                 batch_transform: Union[augment.BatchTransform,
+                                        Mapping[str, Union[augment.BatchTransform,
+                                                           Sequence[augment.BatchTransform]]],
+                                        None] = ...,
                  record_augment_params: bool = ...) -> None: ...
     def __iter__(self) -> Iterator[Batch]: ...
     def __len__(self) -> int: ...

@@ -19,13 +19,13 @@ docs/augment.md lists the ops and how to add one.
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple, Union
+from typing import Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import _C
 
-__all__ = ["BatchTransform", "Compose", "Normalize", "RandomErasing", "MixUp", "CutMix",
+__all__ = ["BatchTransform", "Compose", "PerField", "Normalize", "RandomErasing", "MixUp", "CutMix",
            "MixUpCutMix", "ColorJitter", "RandomGrayscale", "GaussianBlur", "RandomSolarize",
            "TrivialAugmentWide", "RandAugment", "AutoAugment", "functional", "apply",
            "augment_steps"]
@@ -49,10 +49,13 @@ class BatchTransform:
         return self._op.name
 
 
-def op_of(transform: Optional[BatchTransform]):
-    """The engine's op behind ``transform`` (None stays None); DataLoader's batch_transform."""
+def op_of(transform):
+    """The engine's op behind ``transform`` (None stays None; a dict is ``PerField(transform)``);
+    DataLoader's batch_transform."""
     if transform is None:
         return None
+    if isinstance(transform, Mapping):
+        transform = PerField(transform)
     if not isinstance(transform, BatchTransform):
         raise ValueError(f"conveyor: batch_transform must be a conveyor.augment op (Compose, "
                          f"Normalize, RandomErasing, MixUp, CutMix, MixUpCutMix, ColorJitter, "
@@ -68,6 +71,36 @@ class Compose(BatchTransform):
     def __init__(self, transforms: Sequence[BatchTransform]) -> None:
         self.transforms = list(transforms)
         self._op = _C.augment.compose([op_of(t) for t in self.transforms])
+
+
+class PerField(BatchTransform):
+    """A pipeline per image field or per view group (conveyor.Views): ``{name: transform}``, or
+    for a view group ``{name: [transform of view 0, of view 1, ...]}`` (DINOv2's global views).
+    Each pipeline sees its field alone, under the name "image" (so the ops' default ``image``
+    is right): a view group's [B, V, 3, S, S] as B * V images, or view by view. View v of a
+    sample draws from (seed, epoch, index, v, repeat) and the field's name, so one transform
+    for a group is the same as that transform for each of its views. The field keeps its place;
+    Normalize inside makes it float [B, V, 3, S, S]. Ops that mix samples and labels (MixUp,
+    CutMix) go in a Compose around it: ``Compose([PerField({...}), MixUpCutMix(...)])``.
+    ``DataLoader(batch_transform={...})`` is ``PerField({...})``; with
+    ``record_augment_params``, ``augment_params["fields"][name]["rows"][b][v]`` lists what view
+    v of row b received."""
+
+    def __init__(self, pipelines: Mapping[str, Union[BatchTransform,
+                                                     Sequence[BatchTransform]]]) -> None:
+        if not isinstance(pipelines, Mapping) or not pipelines:
+            raise ValueError(f"conveyor: PerField takes a dict {{field or view group: transform "
+                             f"or [one per view]}}, not {pipelines!r}")
+        self.pipelines = dict(pipelines)
+        specs = []
+        for name, value in self.pipelines.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"conveyor: PerField's keys are field names, not {name!r}")
+            ops = list(value) if isinstance(value, (list, tuple)) else [value]
+            if not ops:
+                raise ValueError(f"conveyor: PerField field {name!r} has no transform")
+            specs.append((name, [op_of(t) for t in ops]))
+        self._op = _C.augment.per_field(specs)
 
 
 class Normalize(BatchTransform):

@@ -6,7 +6,7 @@ import atexit
 import os
 import weakref
 from collections.abc import Mapping
-from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple, Union
 
 import torch
 
@@ -193,7 +193,8 @@ class DataLoader:
             gives each decoder's images and the decode threads' busy and idle seconds.
         batch_transform: a conveyor.augment op (Compose([...]) for several) run on each batch
             before it is handed out, on the batch's device, off the training thread (None, the
-            default: none). Batches stay the same for any num_workers and after a resume.
+            default: none); or a dict of them per image field or view group (augment.PerField).
+            Batches stay the same for any num_workers and after a resume.
         record_augment_params: record what batch_transform drew for each batch as
             ``Batch.augment_params`` (default False).
         max_substitutes, slots, chunk_size: the engine's LoaderOptions (loader.h).
@@ -217,7 +218,8 @@ class DataLoader:
                  device: Union[str, torch.device, None] = None, on_error: str = "raise",
                  max_substitutes: int = 16, slots: int = 0, chunk_size: int = 0,
                  gpu_decode: Union[str, float] = "off",
-                 batch_transform: Optional[_augment.BatchTransform] = None,
+                 batch_transform: Union[_augment.BatchTransform,
+                                        Mapping[str, Any], None] = None,
                  record_augment_params: bool = False) -> None:
         if not isinstance(dataset, Dataset):
             if isinstance(dataset, torch.utils.data.Dataset) or hasattr(dataset, "__getitem__"):

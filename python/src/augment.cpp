@@ -42,6 +42,26 @@ py::dict augment_record(const AugmentRecord& record) {
   py::dict out;
   out["rows"] = rows;
   out["batch"] = batch;
+  if (!record.fields.empty()) {
+    // {field: {"rows": [row][view][draw], "batch": [...]}} (a plain image field: one view)
+    py::dict fields;
+    for (const FieldRecord& f : record.fields) {
+      py::list by_row;
+      const py::dict draws = augment_record(f.draws);
+      const py::list flat = draws["rows"];
+      for (size_t r = 0; r * f.views < flat.size(); ++r) {
+        py::list views;
+        for (size_t v = 0; v < f.views; ++v) views.append(flat[r * f.views + v]);
+        by_row.append(views);
+      }
+      py::dict one;
+      one["rows"] = by_row;
+      one["batch"] = draws["batch"];
+      if (draws.contains("fields")) one["fields"] = draws["fields"];
+      fields[py::str(f.field)] = one;
+    }
+    out["fields"] = fields;
+  }
   return out;
 }
 
@@ -56,6 +76,17 @@ void bind_augment(py::module_& m) {
         return held(compose(std::vector<std::shared_ptr<const BatchOp>>(ops.begin(), ops.end())));
       },
       py::arg("ops"));
+  a.def(
+      "per_field",
+      [](const std::vector<std::pair<std::string, std::vector<Op>>>& pipelines) {
+        std::vector<FieldPipeline> fields;
+        for (const auto& [field, ops] : pipelines) {
+          fields.push_back(
+              {field, std::vector<std::shared_ptr<const BatchOp>>(ops.begin(), ops.end())});
+        }
+        return held(per_field(std::move(fields)));
+      },
+      py::arg("pipelines"));
   a.def(
       "normalize",
       [](std::vector<float> mean, std::vector<float> std, c10::ScalarType dtype,
@@ -222,6 +253,7 @@ void bind_augment(py::module_& m) {
         AugmentRecord drawn;
         drawn.rows.resize(ctx.rows());
         if (record) ctx.record = &drawn;
+        op->out_fields(batch.specs);  // what it cannot take is a ValueError, as for a loader
         {
           py::gil_scoped_release release;
           apply_op(*op, batch, ctx);

@@ -119,3 +119,43 @@ def test_wrong_arguments_are_refused_naming_the_op(photos):
     with pytest.raises(ValueError, match=r"batch_transform MixUp\(alpha=1, num_classes=3\) "
                                          r"cannot take this source's fields: .*no field \"target\""):
         loader(photos, 1, aug.MixUp(num_classes=3, label="target"))
+
+
+def test_per_field_runs_a_pipeline_per_view_group_and_per_view():
+    """A dict is PerField: one transform for a group is that transform for each of its views,
+    bit for bit; Normalize inside makes the group float [B, V, 3, S, S]; other fields stay."""
+    torch.manual_seed(0)
+    views = torch.randint(0, 256, (5, 3, 3, 20, 20), dtype=torch.uint8)
+    image = torch.randint(0, 256, (5, 3, 20, 20), dtype=torch.uint8)
+    pipe = aug.Compose([aug.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8), aug.RandomGrayscale(0.2),
+                        aug.RandomSolarize(128, p=0.5), aug.Normalize()])
+    one = aug.apply(aug.PerField({"views": pipe}), {"views": views.clone(),
+                                                    "image": image.clone()}, seed=4)
+    each = aug.apply(aug.PerField({"views": [pipe, pipe, pipe]}),
+                     {"views": views.clone(), "image": image.clone()}, seed=4)
+    assert aug.op_of({"views": pipe}).name.startswith('PerField({"views": Compose([')
+    assert one["views"].dtype == torch.float32 and one["views"].shape == (5, 3, 3, 20, 20)
+    assert torch.equal(one["views"], each["views"])
+    assert torch.equal(one["image"], image)
+    solarized = aug.apply(aug.PerField({"views": [aug.RandomSolarize(128, p=1.0),
+                                                  aug.RandomGrayscale(p=0.0),
+                                                  aug.RandomGrayscale(p=0.0)]}),
+                          {"views": views.clone()})["views"]
+    assert torch.equal(solarized[:, 0], torch.where(views[:, 0] >= 128, 255 - views[:, 0],
+                                                    views[:, 0]))
+    assert torch.equal(solarized[:, 1:], views[:, 1:])
+
+
+def test_per_field_refuses_what_it_cannot_run_naming_the_field():
+    fields = {"views": torch.zeros((2, 3, 3, 8, 8), dtype=torch.uint8),
+              "label": torch.zeros(2, dtype=torch.int64)}
+    g = aug.RandomGrayscale(0.5)
+    for pipelines, words in [({"views": [g, g]}, "view group of 3 views"),
+                             ({"label": g}, '"label"'),
+                             ({"views": [g, aug.Normalize(), g]}, "make different images")]:
+        with pytest.raises(ValueError, match=words):
+            aug.apply(aug.PerField(pipelines), dict(fields))
+    with pytest.raises(ValueError, match="PerField"):
+        aug.PerField({})
+    with pytest.raises(ValueError, match="no transform"):
+        aug.PerField({"views": []})

@@ -146,3 +146,67 @@ def test_apply_records_the_erased_box(photos):
     _, again = aug.apply(aug.RandomErasing(p=1.0), {"image": images.clone()}, seed=1,
                          repeats=[1, 1, 1, 1], record=True)
     assert again != params, "another repeat draws other boxes"
+
+
+def dinov2(photos, workers, **kwargs):
+    return recipe("dinov2").make_loader(str(photos), batch_size=4, num_workers=workers, seed=3,
+                                        image_size=CROP, local_size=16, local_crops=3, **kwargs)
+
+
+def views_run(loader, epochs=2):
+    return [(b.epoch, list(b.indices), b["global"].clone(), b["local"].clone(), b["label"].clone())
+            for _ in range(epochs) for b in loader]
+
+
+def test_dinov2_is_the_same_for_one_and_four_workers_and_after_a_resume(photos):
+    whole = views_run(dinov2(photos, 1))
+    assert len(whole) == 12  # 27 images by 4, drop_last, 2 epochs
+    for _, _, global_views, local_views, _ in whole:
+        assert global_views.dtype == torch.float32 and global_views.shape == (4, 2, 3, CROP, CROP)
+        assert local_views.dtype == torch.float32 and local_views.shape == (4, 3, 3, 16, 16)
+    four = views_run(dinov2(photos, 4))
+    for x, y in zip(four, whole, strict=True):
+        assert x[:2] == y[:2]
+        assert all(torch.equal(a, b) for a, b in zip(x[2:], y[2:]))
+    first = dinov2(photos, 2)
+    it = iter(first)
+    next(it), next(it)
+    state = first.state_dict()
+    resumed = dinov2(photos, 4)
+    resumed.load_state_dict(state)
+    for x, y in zip(views_run(resumed), whole[2:], strict=True):
+        assert x[:2] == y[:2]
+        assert all(torch.equal(a, b) for a, b in zip(x[2:], y[2:]))
+
+
+def test_dinov2_gives_each_view_its_own_recipe(photos):
+    """Global view 0 is always blurred and never solarized, view 1 blurred at 0.1 and
+    solarized at 0.2, the local views blurred at 0.5 (what record_augment_params recorded)."""
+    counts = {}
+    loader = dinov2(photos, 2, record_augment_params=True)
+    for _ in range(12):
+        for b in loader:
+            fields = b.augment_params["fields"]
+            assert set(fields) == {"global", "local"}
+            for name, views in (("global", 2), ("local", 3)):
+                rows = fields[name]["rows"]
+                assert len(rows) == 4 and all(len(row) == views for row in rows)
+                for row in rows:
+                    for v, draws in enumerate(row):
+                        ops = {op for op, _, _ in draws}
+                        key = (name, 0 if name == "local" else v)
+                        seen = counts.setdefault(key, {"n": 0, "GaussianBlur": 0,
+                                                       "RandomSolarize": 0, "ColorJitter": 0})
+                        seen["n"] += 1
+                        for op in ("GaussianBlur", "RandomSolarize", "ColorJitter"):
+                            seen[op] += op in ops
+    rate = {key: {op: count / seen["n"] for op, count in seen.items()}
+            for key, seen in counts.items()}
+    assert rate[("global", 0)]["GaussianBlur"] == 1.0
+    assert rate[("global", 0)]["RandomSolarize"] == 0.0
+    assert 0.02 < rate[("global", 1)]["GaussianBlur"] < 0.2          # 0.1 of 288
+    assert 0.12 < rate[("global", 1)]["RandomSolarize"] < 0.3        # 0.2 of 288
+    assert 0.4 < rate[("local", 0)]["GaussianBlur"] < 0.6            # 0.5 of 864
+    assert rate[("local", 0)]["RandomSolarize"] == 0.0
+    for key in rate:
+        assert 0.7 < rate[key]["ColorJitter"] < 0.9, key              # 0.8

@@ -56,12 +56,22 @@ struct DrawnParam {
                      // "lambda", "sigma", "brightness" (a factor), "applied" (1), ...
   double value = 0;
 };
+struct FieldRecord;
 struct AugmentRecord {
   // rows[r]: what row r received, in the order the ops ran; an op that left the row alone (its p
   // not drawn, no box fitting) records nothing for it.
   std::vector<std::vector<DrawnParam>> rows;
   // The batch-level draws (MixUp's and CutMix's lambda, CutMix's box).
   std::vector<DrawnParam> batch;
+  // What the pipelines of per_field() drew, one entry per field they ran on, in their order.
+  std::vector<FieldRecord> fields;
+};
+// What one field's pipeline of per_field() drew: draws.rows[r * views + v] is what view v of row
+// r received (views is 1 for a plain image field); draws.batch its batch-level draws.
+struct FieldRecord {
+  std::string field;
+  size_t views = 1;
+  AugmentRecord draws;
 };
 
 // What an op may know about the batch besides its tensors.
@@ -72,14 +82,17 @@ struct BatchContext {
   std::vector<size_t> indices;    // the dataset index of each row
   std::vector<uint32_t> repeats;  // each row's repeat number (0 unless a sampler repeats samples);
                                   // empty means all 0
-  uint32_t view = 0;              // the view group the batch's images belong to (0: the only one)
+  uint32_t view = 0;              // the view the batch's images are (0: the only one)
+  std::vector<uint32_t> views;    // each row's view when they differ (per_field() over a view
+                                  // group's rows); empty means all `view`
   uint64_t op = 0;  // which op of a pipeline draws: Compose gives each of its ops its own stream
   // Where the ops write what they drew, or null (the default: nothing recorded). Its rows are
   // rows() long. Shared by the children of a Compose.
   AugmentRecord* record = nullptr;
 
   size_t rows() const { return indices.size(); }
-  // Row `row`'s stream: a pure function of (seed, epoch, indices[row], view, repeats[row], op).
+  // Row `row`'s stream: a pure function of (seed, epoch, indices[row], the row's view,
+  // repeats[row], op).
   SampleRng sample_rng(size_t row) const;
   // The batch's stream: a pure function of (seed, epoch, sequence, op).
   SampleRng batch_rng() const;
@@ -150,6 +163,27 @@ ImageLayout image_layout(const FieldSpec& field, const std::string& op);
 
 // The ops in turn, each drawing its own stream (BatchContext::child).
 std::shared_ptr<const BatchOp> compose(std::vector<std::shared_ptr<const BatchOp>> ops);
+
+// A pipeline per image field or per view group (DINOv2's per-view recipe): each FieldPipeline
+// runs its op(s) on one field only, which its ops see as a batch of one field named "image"
+// (so an op's default image name is right; name no other field in it):
+//   * a plain image field [3, H, W] or [H, W, 3]: its B rows;
+//   * a view group [V, 3, S, S] or [V, S, S, 3] (ImageTransform::views) with one op: its B * V
+//     views as rows, row r * V + v being view v of sample r;
+//   * a view group with V ops (per_view[v]): view v's B images through per_view[v].
+// View v of sample r draws from the stream of (seed, epoch, its index, view v, its repeat, the
+// field's op stream, which mixes in the field's name), so one op for a group is V copies of it,
+// bit for bit, and each field's draws are independent of the others'. The field keeps its place
+// and name; its dtype and per-image shape become what the op makes of them (Normalize: float
+// [V, 3, S, S]); the V ops of a group must make the same. Batch-level ops that mix samples
+// (MixUp, CutMix) belong in a Compose around this, where they see the label too. Requires a
+// field named once, each FieldPipeline with 1 op, or V for a view group of V views; throws
+// std::invalid_argument naming the field otherwise (out_fields).
+struct FieldPipeline {
+  std::string field;
+  std::vector<std::shared_ptr<const BatchOp>> per_view;  // 1 op, or 1 per view of a group
+};
+std::shared_ptr<const BatchOp> per_field(std::vector<FieldPipeline> pipelines);
 
 // A uint8 image field to `dtype` (float32, float16 or bfloat16) [B,3,H,W]: (x / 255 - mean) / std,
 // by normalize_images()'s rule (conveyor/prefetch.h), which it calls. An HWC field becomes CHW.
