@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <map>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include "conveyor/augment.h"
+#include "cpu_kernels.h"
 #include "mix.h"
 
 namespace conveyor {
@@ -738,6 +740,61 @@ TEST(PerField, RefusesWhatItCannotRunNamingTheField) {
   refused(per_field({{"views", {mixup(1.0, 10)}}}), "\"label\"");
   EXPECT_THROW(per_field({{"views", {jitter}}, {"views", {jitter}}}), std::invalid_argument);
   EXPECT_THROW(per_field({{"views", {}}}), std::invalid_argument);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fused CPU loops (cpu_kernels.h) against the ATen code they stand in for.
+
+TEST(CpuKernels, HueIsTheAtenCodeByteForByte) {
+  at::manual_seed(21);
+  SampleRng rng(3, 0, 0);
+  int64_t pixels = 0;
+  for (int trial = 0; trial < 120; ++trial) {
+    const int64_t h = rng.randint(1, 40), w = rng.randint(1, 40), b = rng.randint(1, 3);
+    at::Tensor image = at::randint(0, 256, {b, 3, h, w}, at::kByte);
+    if (trial % 4 == 1) image.select(1, 1).copy_(image.select(1, 0));  // ties: max == r == g
+    if (trial % 4 == 2) image = (image / 64 * 64).to(at::kByte);       // few levels, many ties
+    if (trial % 4 == 3) image.select(1, 2).fill_(255);
+    const double factor =
+        trial < 3 ? std::vector<double>{-0.5, 0.0, 0.5}[trial] : rng.uniform(-0.5, 0.5);
+    const at::Tensor fused = augment_detail::adjust_hue_cpu(image, factor);
+    const at::Tensor aten = augment_detail::adjust_hue_aten(image, factor);
+    ASSERT_TRUE(fused.equal(aten)) << "trial " << trial << " factor " << factor << ": "
+                                   << (fused.to(at::kInt) - aten.to(at::kInt)).abs().max();
+    pixels += b * h * w;
+  }
+  EXPECT_GT(pixels, 50000);
+  // The public function takes the fused loop on the CPU, also for a strided (HWC) view.
+  const at::Tensor hwc = at::randint(0, 256, {2, 17, 13, 3}, at::kByte);
+  const at::Tensor chw = hwc.permute({0, 3, 1, 2});
+  EXPECT_TRUE(F::adjust_hue(chw, 0.2).equal(augment_detail::adjust_hue_aten(chw, 0.2)));
+}
+
+TEST(CpuKernels, BlurIsWithinOneLevelOfTheAtenCode) {
+  SampleRng rng(4, 0, 0);
+  int64_t compared = 0, differing = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int64_t kx = 2 * rng.randint(0, 12) + 1, ky = 2 * rng.randint(0, 12) + 1;
+    const int64_t h = ky / 2 + rng.randint(1, 48), w = kx / 2 + rng.randint(1, 48);
+    const at::Tensor image =
+        photos(2, std::max(h, w), static_cast<uint64_t>(trial)).slice(2, 0, h).slice(3, 0, w);
+    const std::vector<double> sigma{rng.uniform(0.1, 3.0), rng.uniform(0.1, 3.0)};
+    const at::Tensor fused = F::gaussian_blur(image, {kx, ky}, sigma);
+    const at::Tensor aten = augment_detail::gaussian_blur_aten(image, {kx, ky}, sigma);
+    ASSERT_EQ(fused.sizes(), aten.sizes());
+    const at::Tensor diff = (fused.to(at::kInt) - aten.to(at::kInt)).abs();
+    ASSERT_LE(diff.max().item<int>(), 1) << "trial " << trial << " kernel " << kx << "x" << ky;
+    compared += diff.numel();
+    differing += diff.gt(0).sum().item<int64_t>();
+  }
+  EXPECT_LT(static_cast<double>(differing) / static_cast<double>(compared), 1e-3)
+      << differing << " of " << compared;
+  std::cout << "the fused blur: " << differing << " of " << compared
+            << " bytes 1 level from the ATen code, none further\n";
+  // A constant image stays itself; a kernel wider than the image is refused as torch refuses it.
+  const at::Tensor constant = at::full({1, 3, 9, 9}, 77, at::kByte);
+  EXPECT_TRUE(F::gaussian_blur(constant, {9, 9}, {2.0, 2.0}).equal(constant));
+  EXPECT_ANY_THROW(F::gaussian_blur(at::zeros({3, 4, 4}, at::kByte), {9, 9}, {1.0, 1.0}));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "conveyor/augment_functional.h"
+#include "cpu_kernels.h"
 
 namespace conveyor::augment_functional {
 namespace {
@@ -148,6 +149,15 @@ at::Tensor adjust_hue(const at::Tensor& image, double factor) {
     throw std::invalid_argument("conveyor: adjust_hue needs a factor in [-0.5, 0.5], not " +
                                 std::to_string(factor));
   }
+  if (augment_detail::cpu_kernel_takes(image)) return augment_detail::adjust_hue_cpu(image, factor);
+  return augment_detail::adjust_hue_aten(image, factor);
+}
+
+}  // namespace conveyor::augment_functional
+
+namespace conveyor::augment_detail {
+
+at::Tensor adjust_hue_aten(const at::Tensor& image, double factor) {
   const at::Tensor x = image.to(at::kFloat).mul_(1.0 / 255.0);
   // _rgb_to_hsv
   std::vector<at::Tensor> rgb = x.unbind(-3);
@@ -195,6 +205,10 @@ at::Tensor adjust_hue(const at::Tensor& image, double factor) {
   // to_dtype_image(float -> uint8, scale=True)
   return rgb_out.mul(255.0 + 1.0 - 1e-3).to(at::kByte);
 }
+
+}  // namespace conveyor::augment_detail
+
+namespace conveyor::augment_functional {
 
 at::Tensor adjust_sharpness(const at::Tensor& image, double factor) {
   check_image(image, "adjust_sharpness");
@@ -297,13 +311,36 @@ at::Tensor gaussian_blur(const at::Tensor& image, std::vector<int64_t> kernel_si
         "each)");
   }
   const int64_t h = image.size(-2), w = image.size(-1);
-  const auto options = at::TensorOptions().dtype(at::kFloat).device(image.device());
-  auto kernel1d = [&](int64_t size, double s) {
-    const double lim = static_cast<double>(size - 1) / (2.0 * std::sqrt(2.0));
-    return at::softmax(at::linspace(-lim, lim, size, options).div(s).pow(2).neg(), 0);
-  };
+  if (augment_detail::cpu_kernel_takes(image) && kernel_size[0] / 2 < w &&
+      kernel_size[1] / 2 < h) {  // else the ATen code, which refuses the padding as torch does
+    const auto weights = [&](int64_t size, double s) {
+      const at::Tensor k = augment_detail::gaussian_kernel1d(size, s, image.device());
+      return std::vector<float>(k.data_ptr<float>(), k.data_ptr<float>() + k.numel());
+    };
+    return augment_detail::gaussian_blur_cpu(image, weights(kernel_size[0], sigma[0]),
+                                             weights(kernel_size[1], sigma[1]));
+  }
+  return augment_detail::gaussian_blur_aten(image, kernel_size, sigma);
+}
+
+}  // namespace conveyor::augment_functional
+
+namespace conveyor::augment_detail {
+
+at::Tensor gaussian_kernel1d(int64_t size, double sigma, c10::Device device) {
+  const auto options = at::TensorOptions().dtype(at::kFloat).device(device);
+  const double lim = static_cast<double>(size - 1) / (2.0 * std::sqrt(2.0));
+  return at::softmax(at::linspace(-lim, lim, size, options).div(sigma).pow(2).neg(), 0);
+}
+
+at::Tensor gaussian_blur_aten(const at::Tensor& image, std::vector<int64_t> kernel_size,
+                              std::vector<double> sigma) {
+  if (kernel_size.size() == 1) kernel_size.push_back(kernel_size[0]);
+  if (sigma.size() == 1) sigma.push_back(sigma[0]);
+  const int64_t h = image.size(-2), w = image.size(-1);
   const at::Tensor kernel2d =
-      kernel1d(kernel_size[1], sigma[1]).unsqueeze(-1) * kernel1d(kernel_size[0], sigma[0]);
+      gaussian_kernel1d(kernel_size[1], sigma[1], image.device()).unsqueeze(-1) *
+      gaussian_kernel1d(kernel_size[0], sigma[0], image.device());
   const at::Tensor kernel = kernel2d.expand({3, 1, kernel2d.size(0), kernel2d.size(1)});
   at::Tensor output = image.reshape({-1, 3, h, w}).to(at::kFloat);
   output = at::pad(output,
@@ -313,6 +350,10 @@ at::Tensor gaussian_blur(const at::Tensor& image, std::vector<int64_t> kernel_si
                       at::IntArrayRef{1}, 3);
   return output.round_().to(at::kByte).reshape(image.sizes());
 }
+
+}  // namespace conveyor::augment_detail
+
+namespace conveyor::augment_functional {
 
 at::Tensor affine(const at::Tensor& image, double angle, std::vector<double> translate,
                   double scale, std::vector<double> shear, Interpolation interpolation,

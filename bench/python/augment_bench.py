@@ -24,10 +24,19 @@ soft targets), batches of 256, --epochs over --data (default: the photos of conv
     --workers worker processes, then v2.RandomChoice([MixUp(0.2), CutMix(1.0)]) on each batch
     in the loop (on the batch made float: its MixUp refuses uint8).
 Rounds interleave the two; the ratio is the median of the per-round ratios.
+
+--dinov2: DINOv2's multi-crop recipe (2 global views at 224, 8 local at 96, each view's colour
+jitter, grayscale, blur and solarize as dinov2/data/augmentations.py), batches of 64, --epochs
+over --data:
+  - conveyor: examples/recipes/dinov2.py's make_loader (views decoded once, the per-view
+    pipelines as batch_transform={"global": [...], "local": ...}), --workers threads;
+  - torch: DINOv2's DataAugmentationDINO written with torchvision v2 on PIL (bicubic crops, as
+    DINOv2's) in torchvision's ImageFolder and torch's DataLoader with --workers processes.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import time
@@ -61,6 +70,8 @@ def ops_table(args):
         ("RandomGrayscale(p=1)", aug.RandomGrayscale(p=1.0), lambda: v2.RandomGrayscale(p=1.0)),
         ("GaussianBlur(23, (0.1, 2))", aug.GaussianBlur(23, (0.1, 2.0)),
          lambda: v2.GaussianBlur(23, (0.1, 2.0))),
+        ("GaussianBlur(9, (0.1, 2)) (DINOv2's)", aug.GaussianBlur(9, (0.1, 2.0)),
+         lambda: v2.GaussianBlur(9, (0.1, 2.0))),
         ("RandomSolarize(128, p=1)", aug.RandomSolarize(128, p=1.0),
          lambda: v2.RandomSolarize(128, p=1.0)),
         ("TrivialAugmentWide()", aug.TrivialAugmentWide(), lambda: v2.TrivialAugmentWide()),
@@ -158,10 +169,89 @@ def recipe(args):
           f"{statistics.median(c / t for c, t in rows):.2f}x")
 
 
+def dinov2_loader(data, workers):
+    spec = importlib.util.spec_from_file_location(
+        "dinov2", Path(__file__).resolve().parents[2] / "examples" / "recipes" / "dinov2.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_loader(str(data), batch_size=64, num_workers=workers)
+
+
+def run_conveyor_dinov2(data, workers, epochs):
+    loader = dinov2_loader(data, workers)
+    n = 0
+    start = time.perf_counter()
+    for _ in range(epochs):
+        for batch in loader:
+            n += batch["global"].shape[0]
+    return n / (time.perf_counter() - start)
+
+
+class DinoAugmentation:
+    """DINOv2's DataAugmentationDINO (global crops scale 0.32-1, local 0.05-0.32, 8 local crops),
+    with torchvision v2 on PIL images."""
+
+    def __init__(self):
+        from torchvision.transforms import InterpolationMode, v2
+
+        def crop(size, scale):
+            return v2.Compose([v2.RandomResizedCrop(size, scale=scale,
+                                                    interpolation=InterpolationMode.BICUBIC),
+                               v2.RandomHorizontalFlip(p=0.5)])
+
+        def blur(p):
+            return v2.RandomApply([v2.GaussianBlur(9, sigma=(0.1, 2.0))], p=p)
+
+        colour = v2.Compose([v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+                             v2.RandomGrayscale(p=0.2)])
+        normalize = v2.Compose([v2.PILToTensor(), v2.ToDtype(torch.float32, scale=True),
+                                v2.Normalize(conveyor.IMAGENET_MEAN, conveyor.IMAGENET_STD)])
+        self.global_crop = crop(224, (0.32, 1.0))
+        self.local_crop = crop(96, (0.05, 0.32))
+        self.global_0 = v2.Compose([colour, blur(1.0), normalize])
+        self.global_1 = v2.Compose([colour, blur(0.1), v2.RandomSolarize(128, p=0.2), normalize])
+        self.local = v2.Compose([colour, blur(0.5), normalize])
+
+    def __call__(self, image):
+        return {"global": torch.stack([self.global_0(self.global_crop(image)),
+                                       self.global_1(self.global_crop(image))]),
+                "local": torch.stack([self.local(self.local_crop(image)) for _ in range(8)])}
+
+
+def run_torch_dinov2(data, workers, epochs):
+    import torchvision
+
+    dataset = torchvision.datasets.ImageFolder(str(data), transform=DinoAugmentation())
+    loader = torch.utils.data.DataLoader(dataset, batch_size=64, shuffle=True,
+                                         num_workers=workers, persistent_workers=True,
+                                         prefetch_factor=2, drop_last=True)
+    n = 0
+    start = time.perf_counter()
+    for _ in range(epochs):
+        for views, labels in loader:
+            n += views["global"].shape[0]
+    return n / (time.perf_counter() - start)
+
+
+def dinov2(args):
+    data = Path(args.data) if args.data else DEFAULT_DATA
+    rows = []
+    for r in range(args.rounds):
+        c = run_conveyor_dinov2(data, args.workers, args.epochs)
+        t = run_torch_dinov2(data, args.workers, args.epochs)
+        rows.append((c, t))
+        print(f"round {r + 1}: conveyor {c:,.1f} images/s, torch {t:,.1f} images/s, "
+              f"ratio {c / t:.2f}x (10 views an image)", flush=True)
+    print(f"median: conveyor {statistics.median(c for c, _ in rows):,.1f}, torch "
+          f"{statistics.median(t for _, t in rows):,.1f} images/s, ratio "
+          f"{statistics.median(c / t for c, t in rows):.2f}x")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", action="store_true")
     parser.add_argument("--recipe", action="store_true")
+    parser.add_argument("--dinov2", action="store_true")
     parser.add_argument("--only", help="--ops: only the ops whose name contains this text")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--size", type=int, default=224)
@@ -174,6 +264,8 @@ def main():
         ops_table(args)
     if args.recipe:
         recipe(args)
+    if args.dinov2:
+        dinov2(args)
 
 
 if __name__ == "__main__":

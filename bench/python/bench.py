@@ -7,9 +7,11 @@ files and cores: RandomResizedCrop 224 + horizontal flip, uint8, batch 256.
         [--loaders conveyor,conveyor-bench,torch-pil,torch-decode-jpeg,dali-cpu,spdl,ffcv]
         [--device cpu|cuda] [--json FILE]
 
-`--format png|webp` (issue 32) runs on the --data JPEGs re-encoded once by Pillow (PNG; lossy WebP
-at quality 80), written beside them; its torch peer is `torch-pil-plain`, PyTorch's DataLoader
-with PIL's decode and the same RandomResizedCrop 224 + flip done with PIL, without torchvision:
+`--format png|webp|mixed` (issue 32) runs on the --data JPEGs re-encoded once by Pillow (PNG; lossy
+WebP at quality 80; mixed: a third each of JPEG, PNG and WebP), written beside them; its torch
+peers are `torch-pil` (torchvision v2's transforms on PIL, the issue's reference) and
+`torch-pil-plain`, PyTorch's DataLoader with PIL's decode and the same RandomResizedCrop 224 + flip
+done with PIL, without torchvision:
 
     python bench/python/bench.py --format webp --loaders conveyor,torch-pil-plain
 
@@ -228,7 +230,9 @@ def run_torch_pil_plain(data, workers, epochs, device):
 
 def converted_data(data, fmt):
     """The --data folder with every image re-encoded by Pillow as `fmt` (png: Pillow's default
-    compression; webp: lossy, quality 80), written once beside it (DATA-png, DATA-webp)."""
+    compression; webp: lossy, quality 80; mixed: a third of the files each as the JPEG itself, PNG
+    and WebP, by place in path order), written once beside it (DATA-png, DATA-webp,
+    DATA-mixed)."""
     from PIL import Image
 
     out = Path(str(data).rstrip("/") + "-" + fmt)
@@ -236,14 +240,22 @@ def converted_data(data, fmt):
     if done.exists():
         return str(out)
     print(f"writing {out} ...", file=sys.stderr, flush=True)
+    count = 0
     for path in sorted(Path(data).rglob("*")):
         if path.suffix.lower() not in (".jpg", ".jpeg"):
             continue
-        target = out / path.relative_to(data).with_suffix("." + fmt)
+        kind = fmt
+        if fmt == "mixed":  # a third each, by the file's place in path order
+            kind = ("jpeg", "png", "webp")[count % 3]
+        count += 1
+        target = out / path.relative_to(data).with_suffix("." + kind)
         target.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "jpeg":
+            shutil.copyfile(path, target)
+            continue
         with Image.open(path) as image:
             rgb = image.convert("RGB")
-        if fmt == "webp":
+        if kind == "webp":
             rgb.save(target, "WEBP", quality=80)
         else:
             rgb.save(target, "PNG")
@@ -950,9 +962,9 @@ def clip_main(args, loaders, report):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", help="an ImageFolder (default: conveyor-bench's dataset)")
-    parser.add_argument("--format", choices=("jpeg", "png", "webp"), default="jpeg",
-                        help="png, webp: the --data JPEGs re-encoded once by Pillow (lossy WebP, "
-                             "quality 80), beside them")
+    parser.add_argument("--format", choices=("jpeg", "png", "webp", "mixed"), default="jpeg",
+                        help="png, webp, mixed: the --data JPEGs re-encoded once by Pillow "
+                             "(lossy WebP, quality 80; mixed: a third each), beside them")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rounds", type=int, help="default 3; with --sqlite-memory 1")
