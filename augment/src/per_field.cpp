@@ -1,7 +1,6 @@
 // per_field(): a pipeline per image field or view group (conveyor/augment.h), each run on a batch
 // of that field alone, named "image": a view group's views as rows, or one view at a time.
 #include <algorithm>
-#include <sstream>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -21,11 +20,7 @@ uint64_t field_stream(uint64_t op, const std::string& field) {
 }
 
 std::string spec_text(const FieldSpec& f) {
-  std::ostringstream out;
-  out << c10::toString(f.dtype) << " [";
-  for (size_t i = 0; i < f.sample_shape.size(); ++i) out << (i ? ", " : "") << f.sample_shape[i];
-  out << ']';
-  return out.str();
+  return std::string(c10::toString(f.dtype)) + " " + c10::str(at::IntArrayRef(f.sample_shape));
 }
 
 class PerField final : public BatchOp {

@@ -155,18 +155,23 @@ def run_torch(data, workers, epochs):
     return n / (time.perf_counter() - start)
 
 
-def recipe(args):
+def rounds(args, run_ours, run_theirs, what=""):
+    """--rounds of the two loaders in turn on --data; prints each round and the medians."""
     data = Path(args.data) if args.data else DEFAULT_DATA
     rows = []
     for r in range(args.rounds):
-        c = run_conveyor(data, args.workers, args.epochs)
-        t = run_torch(data, args.workers, args.epochs)
+        c = run_ours(data, args.workers, args.epochs)
+        t = run_theirs(data, args.workers, args.epochs)
         rows.append((c, t))
-        print(f"round {r + 1}: conveyor {c:,.0f} images/s, torch {t:,.0f} images/s, "
-              f"ratio {c / t:.2f}x", flush=True)
-    print(f"median: conveyor {statistics.median(c for c, _ in rows):,.0f}, torch "
-          f"{statistics.median(t for _, t in rows):,.0f} images/s, ratio "
+        print(f"round {r + 1}: conveyor {c:,.1f} images/s, torch {t:,.1f} images/s, "
+              f"ratio {c / t:.2f}x{what}", flush=True)
+    print(f"median: conveyor {statistics.median(c for c, _ in rows):,.1f}, torch "
+          f"{statistics.median(t for _, t in rows):,.1f} images/s, ratio "
           f"{statistics.median(c / t for c, t in rows):.2f}x")
+
+
+def recipe(args):
+    rounds(args, run_conveyor, run_torch)
 
 
 def dinov2_loader(data, workers):
@@ -234,17 +239,7 @@ def run_torch_dinov2(data, workers, epochs):
 
 
 def dinov2(args):
-    data = Path(args.data) if args.data else DEFAULT_DATA
-    rows = []
-    for r in range(args.rounds):
-        c = run_conveyor_dinov2(data, args.workers, args.epochs)
-        t = run_torch_dinov2(data, args.workers, args.epochs)
-        rows.append((c, t))
-        print(f"round {r + 1}: conveyor {c:,.1f} images/s, torch {t:,.1f} images/s, "
-              f"ratio {c / t:.2f}x (10 views an image)", flush=True)
-    print(f"median: conveyor {statistics.median(c for c, _ in rows):,.1f}, torch "
-          f"{statistics.median(t for _, t in rows):,.1f} images/s, ratio "
-          f"{statistics.median(c / t for c, t in rows):.2f}x")
+    rounds(args, run_conveyor_dinov2, run_torch_dinov2, " (10 views an image)")
 
 
 def main():
