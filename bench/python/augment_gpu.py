@@ -6,7 +6,8 @@ the step without it. Run by `scripts/gpu-check run` (step augment_gpu); skips wi
 1. stage: torchvision's v2 recipe's batch stage (TrivialAugmentWide, RandomErasing(0.1),
    Normalize, MixUpCutMix(0.2, 1.0)) run by conveyor.augment.apply on one uint8 CUDA batch
    [batch, 3, size, size] of photo-like images: ms per batch (CUDA-synchronized, median), and
-   the same for Normalize alone.
+   the same for Normalize alone; then DINOv2's per-view stage (examples/recipes/dinov2.py) on
+   a batch of 32 images' 10 views.
 2. step: a small ConvNet's forward, backward and SGD step on batches from
    conveyor.DataLoader(device="cuda") with the recipe as batch_transform, against the same
    loader with Normalize alone: each step's GPU time (CUDA events on the training stream, which
@@ -45,10 +46,11 @@ def recipe(classes):
                                                          label_smoothing=0.1)])
 
 
-def stage_ms(transform, images, labels, rounds=10):
+def stage_ms(transform, batch, rounds=10):
+    """The median ms of ``transform`` on copies of the ``batch`` dict, after 2 warm-up rounds."""
     times = []
     for r in range(rounds + 2):
-        fields = {"image": images.clone(), "label": labels.clone()}
+        fields = {name: t.clone() for name, t in batch.items()}
         torch.cuda.synchronize()
         start = time.perf_counter()
         aug.apply(transform, fields, seed=r, epoch=0, sequence=r)
@@ -56,6 +58,24 @@ def stage_ms(transform, images, labels, rounds=10):
         if r >= 2:
             times.append((time.perf_counter() - start) * 1000)
     return statistics.median(times)
+
+
+def dinov2_stage(batch, device):
+    """DINOv2's per-view stage (examples/recipes/dinov2.py's pipelines) and a batch of its
+    views: "global" [batch, 2, 3, 224, 224], "local" [batch, 8, 3, 96, 96], uint8 on device."""
+    def photometric(*extra):
+        return aug.Compose([aug.ColorJitter(0.4, 0.4, 0.2, 0.1, p=0.8), aug.RandomGrayscale(0.2),
+                            *extra, aug.Normalize()])
+
+    def blur(p):
+        return aug.GaussianBlur(9, (0.1, 2.0), p=p)
+
+    transform = aug.PerField({"global": [photometric(blur(1.0)),
+                                         photometric(blur(0.1), aug.RandomSolarize(128, p=0.2))],
+                              "local": photometric(blur(0.5))})
+    views = {"global": photo_like(batch * 2, 224, device).view(batch, 2, 3, 224, 224),
+             "local": photo_like(batch * 8, 96, device).view(batch, 8, 3, 96, 96)}
+    return transform, views
 
 
 def model(classes):
@@ -107,10 +127,13 @@ def main() -> int:
         return 0
     images = photo_like(args.batch, args.size, "cuda")
     labels = torch.randint(0, 10, (args.batch,), device="cuda")
-    full = stage_ms(recipe(10), images, labels)
-    norm = stage_ms(aug.Normalize(), images, labels)
+    full = stage_ms(recipe(10), {"image": images, "label": labels})
+    norm = stage_ms(aug.Normalize(), {"image": images, "label": labels})
     print(f"augment-gpu: stage per batch of {args.batch} at {args.size}: recipe {full:.2f} ms, "
           f"Normalize alone {norm:.2f} ms", flush=True)
+    transform, views = dinov2_stage(32, "cuda")
+    print(f"augment-gpu: DINOv2's per-view stage per batch of 32 (2 x 224 + 8 x 96 views): "
+          f"{stage_ms(transform, views, rounds=3):.1f} ms", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         root = args.data
         if root is None:
