@@ -9,7 +9,9 @@
 // Then the decoder wired into JpegDecoder (DecodeOptions::own_entropy_decoder, issue 35 step 4):
 // the same pixels as libjpeg-turbo's own path on the same corpus, random crops at random DCT
 // scales; libjpeg's result (pixels or error) when it refuses a scan midway; taken for baseline
-// files only; and libjpeg's source handed back at EOI after a whole scan.
+// files only; and libjpeg's source handed back at EOI after a whole scan. All of this file clean
+// under ASan and UBSan again at 20:36 UTC (jpeg_decode.cpp and jpeg_column_discard.cpp compiled
+// so too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
