@@ -147,11 +147,13 @@ BenchConfig parse_command_line(int argc, char** argv) {
                  "folder, else --data (which must then be a folder). cpu-decode: Conveyor itself\n"
                  "on --data with --gpu-decode off, beside a --gpu-decode run (not in all).\n"
                  "no-discard: Conveyor itself on --data with the JPEG discard hook off\n"
-                 "(DecodeOptions::discard_outside_crop; not in all)")
+                 "(DecodeOptions::discard_outside_crop; not in all). stock-entropy: Conveyor\n"
+                 "itself on --data without the own entropy decoder, beside an --own-entropy run\n"
+                 "(not in all)")
       ->type_name("LIST")
       ->delimiter(',')
-      ->check(CLI::IsMember(
-          {"ceiling", "torch", "torch-fused", "naive", "all", "cpu-decode", "no-discard"}));
+      ->check(CLI::IsMember({"ceiling", "torch", "torch-fused", "naive", "all", "cpu-decode",
+                             "no-discard", "stock-entropy"}));
   app.add_option(
          "--reference-data", references,
          "(repeatable) one more reference run, \"conveyor:NAME\": Conveyor itself with the\n"
@@ -162,6 +164,9 @@ BenchConfig parse_command_line(int argc, char** argv) {
   app.add_option("--on-error", on_error, "raise (default) or skip")
       ->type_name("P")
       ->check(CLI::IsMember({"raise", "skip"}));
+  app.add_flag("--own-entropy", c.own_entropy_decoder,
+               "Conveyor decodes baseline JPEG scans with its own entropy decoder\n"
+               "(DecodeOptions::own_entropy_decoder; the same pixels, off by default)");
   app.add_flag("--streaming", c.streaming,
                "read tar shards in streaming mode (whole shards in order through a shuffle buffer\n"
                "of 1000) instead of at random through their index");
@@ -228,6 +233,13 @@ BenchConfig parse_command_line(int argc, char** argv) {
       c.cpu_decode_reference = true;
     } else if (item == "no-discard") {
       c.no_discard_reference = true;
+    } else if (item == "stock-entropy") {
+      if (!c.own_entropy_decoder) {
+        usage_error(app,
+                    "--compare stock-entropy is Conveyor without the own entropy decoder, beside "
+                    "a run with --own-entropy");
+      }
+      c.stock_entropy_reference = true;
     } else {
       c.compare.push_back(item);
     }

@@ -123,6 +123,7 @@ std::unique_ptr<ImageSource> open_source(const std::string& data, ImageTransform
 RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   ImageTransform transform = ImageTransform::train(config.crop);
   transform.discard_outside_crop = config.discard_outside_crop;
+  transform.own_entropy_decoder = config.own_entropy_decoder;
   std::shared_ptr<ImageSource> source = open_source(config.data, transform, config.streaming);
   LoaderOptions o;
   o.batch_size = config.batch_size;

@@ -312,8 +312,9 @@ int main(int argc, char** argv) {
       }
     };
     // The references, in table order: Conveyor on each --reference-data, Conveyor without GPU
-    // decode (--compare cpu-decode), Conveyor without the discard hook (--compare no-discard), then
-    // --compare's runs on the reference folder.
+    // decode (--compare cpu-decode), Conveyor without the discard hook (--compare no-discard),
+    // Conveyor without the own entropy decoder (--compare stock-entropy), then --compare's runs on
+    // the reference folder.
     std::vector<std::function<RunResult()>> references;
     for (const auto& ref : config.reference_data) {
       BenchConfig c = config;
@@ -333,6 +334,13 @@ int main(int argc, char** argv) {
       BenchConfig c = config;
       c.discard_outside_crop = false;
       const std::string name = "conveyor:no-discard";
+      references.push_back(
+          [=] { return named(name, c.data, [&] { return run_conveyor(c, name); }); });
+    }
+    if (config.stock_entropy_reference) {
+      BenchConfig c = config;
+      c.own_entropy_decoder = false;
+      const std::string name = "conveyor:stock-entropy";
       references.push_back(
           [=] { return named(name, c.data, [&] { return run_conveyor(c, name); }); });
     }

@@ -2,7 +2,7 @@
 // full decodes, on many random (file, crop box, output size) pairs.
 //
 //   conveyor-decode-check [--data DIR] [--pairs N] [--threads T] [--seed S]
-//                         [--write-corpus DIR] [--max-report K]
+//                         [--write-corpus DIR] [--max-report K] [--own-entropy]
 //
 // Without --data it checks a generated corpus that covers baseline, progressive and arithmetic
 // coding; 4:4:4, 4:2:2, 4:2:0, 4:4:0 and 4:1:1; gray, RGB, CMYK (with and without the Adobe
@@ -36,6 +36,10 @@
 // against the 8/8 decode: what DCT scaling changes, for information, not a pass/fail criterion.
 // TurboJPEG cannot be asked for every scale of a tiny image (it picks the largest factor of the
 // same size); those references are libjpeg's plain full decode (every row, no skip, no crop).
+//
+// With --own-entropy every decoder and writer runs the own baseline entropy decoder
+// (DecodeOptions::own_entropy_decoder) against the same references; the counts of regions it took
+// and of those it refused midway (decoded again on libjpeg's path) are printed.
 //
 // Threads reuse their decoders and writers across files taken in random order, so that state
 // carried from one decode to the next is exercised. The last line reads
@@ -88,6 +92,7 @@ struct Config {
   uint64_t seed = 1;
   std::string write_corpus;
   size_t max_report = 20;
+  bool own_entropy = false;  // DecodeOptions::own_entropy_decoder in every decoder and writer
 };
 
 [[noreturn]] void usage(const std::string& error) {
@@ -99,6 +104,7 @@ struct Config {
   --seed S            seed of the pairs (default 1)
   --write-corpus DIR  write the generated corpus into DIR as .jpg files and exit
   --max-report K      mismatches reported in full (default 20)
+  --own-entropy       decode with the own JPEG entropy decoder (DecodeOptions::own_entropy_decoder)
 )";
   std::exit(error.empty() ? 0 : 2);
 }
@@ -130,6 +136,8 @@ Config parse(int argc, char** argv) {
       c.write_corpus = value();
     } else if (a == "--max-report") {
       c.max_report = number();
+    } else if (a == "--own-entropy") {
+      c.own_entropy = true;
     } else if (a == "--help" || a == "-h") {
       usage("");
     } else {
@@ -442,6 +450,8 @@ struct Stats {
   uint64_t scale_count[9] = {};         // sample checks by DCT scale
   uint64_t region_scale_count[9] = {};  // region checks by DCT scale
   uint64_t region_discard_hooked = 0;   // region checks decoded through the discard hook
+  uint64_t region_own_entropy = 0;      // region checks decoded by the own entropy decoder
+  uint64_t region_own_retried = 0;      // ... that it refused midway (decoded again by libjpeg)
   uint64_t oriented = 0;
   uint64_t scaled_samples = 0;
   double scaled_psnr_sum = 0;
@@ -450,6 +460,8 @@ struct Stats {
     mismatches += o.mismatches;
     region_checks += o.region_checks;
     region_discard_hooked += o.region_discard_hooked;
+    region_own_entropy += o.region_own_entropy;
+    region_own_retried += o.region_own_retried;
     sample_checks += o.sample_checks;
     skipped += o.skipped;
     max_abs_diff = std::max(max_abs_diff, o.max_abs_diff);
@@ -492,7 +504,7 @@ struct DecoderSet {
   DecodeOptions options;
 };
 
-std::vector<DecoderSet> decoder_sets() {
+std::vector<DecoderSet> decoder_sets(bool own_entropy) {
   std::vector<DecoderSet> sets;
   for (const bool fast : {true, false}) {
     for (const bool any : {false, true}) {
@@ -514,12 +526,13 @@ std::vector<DecoderSet> decoder_sets() {
     o.discard_outside_crop = false;
     sets.push_back({fast ? "RGBX fast, no discard hook" : "RGB fancy, no discard hook", o});
   }
+  for (auto& set : sets) set.options.own_entropy_decoder = own_entropy;
   return sets;
 }
 
 // The transforms each thread's ImageWriters apply; a writer, like a loader worker, keeps its
 // decoder across files.
-std::vector<ImageTransform> transforms() {
+std::vector<ImageTransform> transforms(bool own_entropy) {
   std::vector<ImageTransform> t;
   for (const int size : {1, 7, 32, 64, 112, 224, 333}) {
     for (const auto layout : {ImageLayout::kCHW, ImageLayout::kHWC}) {
@@ -537,6 +550,7 @@ std::vector<ImageTransform> transforms() {
     whole.exif_orientation = size % 3 == 0;
     t.push_back(whole);
   }
+  for (auto& transform : t) transform.own_entropy_decoder = own_entropy;
   return t;
 }
 
@@ -550,11 +564,11 @@ class Checker {
         rng_(config.seed, 0xC0FFEE, thread),
         report_mutex_(report_mutex),
         reported_(reported) {
-    for (const auto& s : decoder_sets()) {
+    for (const auto& s : decoder_sets(config.own_entropy)) {
       sets_.push_back(s);
       decoders_.emplace_back(DecodeLimits{}, s.options);
     }
-    for (const auto& t : transforms()) writers_.emplace_back(t);
+    for (const auto& t : transforms(config.own_entropy)) writers_.emplace_back(t);
   }
 
   void run(uint64_t pairs) {
@@ -653,9 +667,10 @@ class Checker {
     }
     ++stats.region_checks;
     ++stats.region_scale_count[image.scale];
-    if (decoder.last_entropy_stats().path == JpegEntropyPath::kDiscardOutsideCrop) {
-      ++stats.region_discard_hooked;
-    }
+    const JpegEntropyStats entropy = decoder.last_entropy_stats();
+    if (entropy.path == JpegEntropyPath::kDiscardOutsideCrop) ++stats.region_discard_hooked;
+    if (entropy.path == JpegEntropyPath::kOwnDecoder) ++stats.region_own_entropy;
+    if (entropy.own_decoder_retried) ++stats.region_own_retried;
     std::string ref_error;
     auto ref = cache_.get(f, image.scale, sets_[s].options.fast_upsampling, ref_error);
     if (!ref) {
@@ -896,7 +911,7 @@ CodecStats check_codec(const char* codec, const Config& config, uint64_t samples
   CodecStats stats;
   stats.files = files.size();
   std::vector<ImageWriter> writers;
-  for (const ImageTransform& t : transforms()) writers.emplace_back(t);
+  for (const ImageTransform& t : transforms(config.own_entropy)) writers.emplace_back(t);
   SampleRng rng(config.seed, 0x9E6, 0);
   for (uint64_t i = 0; i < samples; ++i) {
     const size_t f = static_cast<size_t>(rng.randint(0, static_cast<int>(files.size())));
@@ -1008,6 +1023,10 @@ int run(const Config& config) {
             << " samples)\n";
   std::cout << "regions through the discard hook (columns outside the crop parsed, not stored): "
             << total.region_discard_hooked << "\n";
+  if (config.own_entropy) {
+    std::cout << "regions through the own entropy decoder: " << total.region_own_entropy
+              << " (refused midway and decoded by libjpeg: " << total.region_own_retried << ")\n";
+  }
   std::cout << "regions by DCT scale:";
   for (int s = 1; s <= 8; ++s) std::cout << " " << s << "/8: " << total.region_scale_count[s];
   std::cout << "\n";

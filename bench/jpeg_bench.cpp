@@ -6,7 +6,8 @@
 //   BM_DecodeCrop   JpegDecoder's decode of just the RandomResizedCrop box (rows down to its
 //                   bottom, its columns, the smallest SIMD DCT scale that covers 224x224);
 //                   /1 with the discard hook (DecodeOptions::discard_outside_crop, the
-//                   default), /0 without;
+//                   default), /0 without, /2 with the hook and the own entropy decoder
+//                   (DecodeOptions::own_entropy_decoder);
 //   BM_ImageWriter  the whole sample: that decode, then libyuv's resize to 224x224, flip and
 //                   split into CHW planes.
 // A ratio BM_Ceiling time / BM_ImageWriter time above 1 is how much less work the pipeline does
@@ -87,6 +88,7 @@ BENCHMARK_DEFINE_F(JpegFiles, DecodeCrop)(benchmark::State& state) {
   o.channels = 4;
   o.fast_upsampling = true;
   o.discard_outside_crop = state.range(0) != 0;  // /1: the discard hook (the default), /0: off
+  o.own_entropy_decoder = state.range(0) == 2;   // /2: the hook and the own entropy decoder
   JpegDecoder decoder(DecodeLimits{}, o);
   size_t i = 0;
   for (auto _ : state) {
@@ -98,7 +100,7 @@ BENCHMARK_DEFINE_F(JpegFiles, DecodeCrop)(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK_REGISTER_F(JpegFiles, DecodeCrop)->Arg(1)->Arg(0)->MinTime(2.0);
+BENCHMARK_REGISTER_F(JpegFiles, DecodeCrop)->Arg(1)->Arg(0)->Arg(2)->MinTime(2.0);
 
 // Writes the files in turn, one per iteration, each epoch its own crops; counts the DCT scales
 // used into `scales` (9 entries) when given.

@@ -6,6 +6,12 @@
 // that it agrees with libjpeg on every block or refuses, and never crashes. Clean under ASan and
 // UBSan on 2026-12-04 (jpeg_entropy.cpp and this file compiled with
 // -fsanitize=address,undefined -fno-sanitize-recover=all and linked ahead of build/'s libraries).
+// Then the decoder wired into JpegDecoder (DecodeOptions::own_entropy_decoder, issue 35 step 4):
+// the same pixels as libjpeg-turbo's own path on the same corpus, random crops at random DCT
+// scales; libjpeg's result (pixels or error) when it refuses a scan midway; taken for baseline
+// files only; and libjpeg's source handed back at EOI after a whole scan. All of this file clean
+// under ASan and UBSan again at 20:36 UTC (jpeg_decode.cpp and jpeg_column_discard.cpp compiled
+// so too).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +23,10 @@
 #include <string>
 #include <vector>
 
+#include "codec/jpeg_column_discard.h"
 #include "codec/jpeg_entropy.h"
+#include "codec/libjpeg_errors.h"
+#include "conveyor/jpeg.h"
 #include "conveyor/random.h"
 #include "jpeg_coefficients.h"
 #include "synthetic.h"
@@ -294,6 +303,429 @@ TEST(JpegEntropy, MutatedFilesAgreeOrAreRefused) {
   EXPECT_GT(refused, 100);
   std::printf("mutated files: %d agreed, %d refused, %d refused by libjpeg\n", agreed, refused,
               libjpeg_failed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The own decoder inside JpegDecoder (DecodeOptions::own_entropy_decoder).
+
+// The rows of a decoded region, without the stride's padding.
+std::vector<uint8_t> region_bytes(const DecodedImage& img) {
+  std::vector<uint8_t> bytes;
+  const size_t row = static_cast<size_t>(img.width) * static_cast<size_t>(img.channels);
+  for (int y = 0; y < img.height; ++y) {
+    const uint8_t* p = img.pixels + static_cast<size_t>(y) * img.stride;
+    bytes.insert(bytes.end(), p, p + row);
+  }
+  return bytes;
+}
+
+// What a decode gave: its pixels, or its error; and its entropy path.
+struct Outcome {
+  std::vector<uint8_t> bytes;
+  int width = 0, height = 0, scale = 0;
+  std::string error;
+  JpegEntropyStats stats;
+  bool operator==(const Outcome& o) const {
+    return bytes == o.bytes && width == o.width && height == o.height && scale == o.scale &&
+           error == o.error;
+  }
+};
+
+struct Box {
+  int x, y, w, h, min_w, min_h;
+};
+
+Outcome decode_box(JpegDecoder& d, const std::vector<uint8_t>& file, const Box& b) {
+  Outcome o;
+  try {
+    const DecodedImage img =
+        d.decode_region(file.data(), file.size(), b.x, b.y, b.w, b.h, b.min_w, b.min_h);
+    o.bytes = region_bytes(img);
+    o.width = img.width;
+    o.height = img.height;
+    o.scale = img.scale;
+  } catch (const JpegError& e) {
+    o.error = e.what();
+  }
+  o.stats = d.last_entropy_stats();
+  return o;
+}
+
+// A random box (sometimes the whole image) and a random output size, so every DCT scale.
+Box random_box(SampleRng& rng, int w, int h) {
+  Box b{0, 0, w, h, w, h};
+  if (rng.next() % 5 != 0) {
+    b.w = rng.randint(1, w + 1);
+    b.h = rng.randint(1, h + 1);
+    b.x = rng.randint(0, w - b.w + 1);
+    b.y = rng.randint(0, h - b.h + 1);
+  }
+  b.min_w = rng.randint(1, b.w + 1);
+  b.min_h = rng.randint(1, b.h + 1);
+  return b;
+}
+
+// The option sets the own decoder runs under: the loader's (RGBX, fast upsampling) and the
+// default (RGB, fancy), each with any_scale, without the discard hook, or without restart
+// segments.
+std::vector<std::pair<std::string, DecodeOptions>> own_option_sets() {
+  std::vector<std::pair<std::string, DecodeOptions>> sets;
+  for (const bool fast : {true, false}) {
+    DecodeOptions o;
+    o.channels = fast ? 4 : 3;
+    o.fast_upsampling = fast;
+    o.own_entropy_decoder = true;
+    const std::string name = fast ? "RGBX fast" : "RGB fancy";
+    sets.emplace_back(name, o);
+    o.any_scale = true;
+    sets.emplace_back(name + " any_scale", o);
+    o.any_scale = false;
+    o.discard_outside_crop = false;
+    sets.emplace_back(name + " no discard", o);
+    o.discard_outside_crop = true;
+    o.restart_segments = false;
+    sets.emplace_back(name + " no segments", o);
+  }
+  return sets;
+}
+
+// libjpeg-turbo's own path for the same options: no own decoder, no discard hook.
+DecodeOptions stock(DecodeOptions o) {
+  o.own_entropy_decoder = false;
+  o.discard_outside_crop = false;
+  return o;
+}
+
+// The same bytes as libjpeg-turbo's path: every sampling, tables, restart interval and size of
+// EveryKindOfFileBlockForBlock, plus photo-like files, random boxes at random scales, under each
+// option set, by decoders reused across files. The own decoder takes every one of them.
+TEST(JpegOwnEntropy, DecodesTheSameBytesAsLibjpegOnEveryKindOfFile) {
+  struct Sampling {
+    int components, h, v;
+    bool ycck;
+  };
+  const Sampling samplings[] = {{3, 2, 2, false}, {3, 2, 1, false}, {3, 1, 1, false},
+                                {3, 1, 2, false}, {3, 4, 1, false}, {1, 1, 1, false},
+                                {4, 1, 1, false}, {4, 2, 2, true},  {1, 2, 2, false}};
+  const int sizes[][2] = {{1, 1}, {7, 9}, {17, 33}, {64, 48}, {99, 257}, {333, 17}};
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> files;
+  uint64_t seed = 0;
+  for (const auto& s : samplings) {
+    for (const auto& size : sizes) {
+      for (const unsigned restart : {0u, 1u, 2u, 3u, 7u, 40u}) {
+        Kind k;
+        k.components = s.components;
+        k.h_samp = s.h;
+        k.v_samp = s.v;
+        k.ycck = s.ycck;
+        k.restart_interval = restart;
+        k.quality = (++seed % 3 == 0) ? 100 : (seed % 3 == 1 ? 90 : 50);
+        k.optimize = seed % 2 == 0;
+        files.emplace_back(k.name() + " " + std::to_string(size[0]) + "x" + std::to_string(size[1]),
+                           encode(size[0], size[1], k, seed));
+      }
+    }
+  }
+  for (const int quality : {75, 95}) {
+    files.emplace_back("photo 500x375 q" + std::to_string(quality),
+                       make_photo_jpeg(500, 375, static_cast<uint64_t>(quality), quality));
+  }
+  const auto sets = own_option_sets();
+  std::vector<JpegDecoder> own, libjpeg;
+  for (const auto& [name, o] : sets) {
+    own.emplace_back(DecodeLimits{}, o);
+    libjpeg.emplace_back(DecodeLimits{}, stock(o));
+  }
+  SampleRng rng(35, 4, 0);
+  uint64_t compared = 0, discarded = 0;
+  uint64_t by_scale[9] = {};
+  for (const auto& [name, file] : files) {
+    JpegHeader header = own[0].read_header(file.data(), file.size());
+    for (int trial = 0; trial < 6; ++trial) {
+      const size_t s = static_cast<size_t>(rng.next() % sets.size());
+      const Box b = random_box(rng, header.width, header.height);
+      SCOPED_TRACE(name + ", " + sets[s].first + ", box " + std::to_string(b.x) + "," +
+                   std::to_string(b.y) + " " + std::to_string(b.w) + "x" + std::to_string(b.h) +
+                   " min " + std::to_string(b.min_w) + "x" + std::to_string(b.min_h));
+      const Outcome got = decode_box(own[s], file, b);
+      const Outcome want = decode_box(libjpeg[s], file, b);
+      ASSERT_TRUE(want.error.empty()) << want.error;
+      ASSERT_TRUE(got == want) << "at " << want.scale << "/8: " << got.error;
+      ASSERT_EQ(got.stats.path, JpegEntropyPath::kOwnDecoder);
+      ASSERT_FALSE(got.stats.own_decoder_retried);
+      ASSERT_EQ(want.stats.path, JpegEntropyPath::kLibjpeg);
+      discarded += got.stats.mcus_discarded;
+      ++by_scale[got.scale];
+      ++compared;
+    }
+  }
+  std::printf(
+      "own entropy decoder: %llu boxes of %zu files the same as libjpeg's; at 1/2/4/8 of "
+      "8: %llu/%llu/%llu/%llu (any_scale sets: the others); %llu MCUs discarded\n",
+      static_cast<unsigned long long>(compared), files.size(),
+      static_cast<unsigned long long>(by_scale[1]), static_cast<unsigned long long>(by_scale[2]),
+      static_cast<unsigned long long>(by_scale[4]), static_cast<unsigned long long>(by_scale[8]),
+      static_cast<unsigned long long>(discarded));
+  EXPECT_EQ(compared, files.size() * 6);
+  for (const int scale : {1, 2, 4, 8}) EXPECT_GT(by_scale[scale], 0u) << scale;
+  EXPECT_GT(discarded, 0u);
+}
+
+// Where the scan data of a file begins (after its SOS segment).
+size_t scan_begin(const std::vector<uint8_t>& file) {
+  const uint8_t sos[] = {0xFF, 0xDA};
+  const auto at = std::search(file.begin(), file.end(), std::begin(sos), std::end(sos));
+  if (at == file.end() || file.end() - at < 4) throw std::runtime_error("no SOS");
+  const auto i = static_cast<size_t>(at - file.begin());
+  return i + 2 + (static_cast<size_t>(file[i + 2]) << 8 | file[i + 3]);
+}
+
+// A refusal midway through a scan ends in libjpeg's path for the whole image: mutated scans
+// give, with the own decoder on, exactly what libjpeg's path gives (the same pixels, or the same
+// error). libjpeg-turbo's fast Huffman path reads a code that is in no table as a zero symbol
+// without a warning, so many of these files decode on libjpeg's path after the own decoder
+// refused them.
+TEST(JpegOwnEntropy, RefusalsGiveLibjpegsResult) {
+  std::vector<std::vector<uint8_t>> originals;
+  originals.push_back(make_photo_jpeg(333, 217, 5, 90));
+  for (const unsigned restart : {0u, 7u}) {
+    Kind k;
+    k.restart_interval = restart;
+    originals.push_back(encode(256, 160, k, restart + 11));
+    k.components = 1;
+    k.optimize = true;
+    originals.push_back(encode(200, 240, k, restart + 12));
+  }
+  DecodeOptions on;
+  on.channels = 4;
+  on.fast_upsampling = true;
+  on.own_entropy_decoder = true;
+  JpegDecoder own({}, on), libjpeg({}, stock(on));
+  SampleRng rng(35, 5, 0);
+  int agreed = 0, refused_at_start = 0, retried_decoded = 0, retried_failed = 0;
+  for (int i = 0; i < 1500; ++i) {
+    auto file = originals[static_cast<size_t>(i) % originals.size()];
+    const size_t begin = scan_begin(file);
+    // In the first half of the scan, where libjpeg-turbo takes its fast path.
+    const size_t span = (file.size() - begin) / 2;
+    const int edits = 1 + static_cast<int>(rng.next() % 3);
+    for (int e = 0; e < edits; ++e) {
+      const size_t at = begin + rng.next() % span;
+      switch (rng.next() % 4) {
+        case 0:
+          file[at] ^= static_cast<uint8_t>(1u << (rng.next() % 8));
+          break;
+        case 1:
+          file[at] = static_cast<uint8_t>(rng.next());
+          break;
+        case 2:  // a run of 1 bits, a code in no standard table
+          if (file[at - 1] != 0xFF) {
+            const uint8_t ones[] = {0xFF, 0x00, 0xFF, 0x00};
+            file.insert(file.begin() + static_cast<long>(at), std::begin(ones), std::end(ones));
+          }
+          break;
+        default:  // a byte more or less
+          if (rng.next() % 2 == 0) {
+            file.erase(file.begin() + static_cast<long>(at));
+          } else {
+            file.insert(file.begin() + static_cast<long>(at), static_cast<uint8_t>(rng.next()));
+          }
+          break;
+      }
+    }
+    const JpegHeader header = libjpeg.read_header(file.data(), file.size());
+    const Box b = random_box(rng, header.width, header.height);
+    const Outcome got = decode_box(own, file, b);
+    const Outcome want = decode_box(libjpeg, file, b);
+    ASSERT_TRUE(got == want) << "mutation " << i << ": " << got.error << " / " << want.error;
+    if (got.stats.own_decoder_retried) {
+      EXPECT_NE(got.stats.path, JpegEntropyPath::kOwnDecoder);
+      ++(want.error.empty() ? retried_decoded : retried_failed);
+    } else if (got.stats.path == JpegEntropyPath::kOwnDecoder) {
+      ++agreed;
+    } else {
+      ++refused_at_start;
+    }
+  }
+  std::printf(
+      "mutated scans: %d decoded by the own decoder, %d refused at its start, %d refused "
+      "midway and decoded by libjpeg, %d refused midway and failed in libjpeg too\n",
+      agreed, refused_at_start, retried_decoded, retried_failed);
+  EXPECT_GT(agreed, 50);
+  EXPECT_GT(retried_decoded, 20);
+  EXPECT_GT(retried_failed, 20);
+  // The decoder is whole after all that.
+  const Box whole{0, 0, 333, 217, 333, 217};
+  const Outcome clean = decode_box(own, originals[0], whole);
+  EXPECT_EQ(clean.stats.path, JpegEntropyPath::kOwnDecoder);
+  EXPECT_TRUE(clean == decode_box(libjpeg, originals[0], whole));
+}
+
+// Files whose oddity the own decoder refuses, one of each, against libjpeg's path.
+TEST(JpegOwnEntropy, RefusedFilesGiveLibjpegsResult) {
+  DecodeOptions on;
+  on.own_entropy_decoder = true;
+  JpegDecoder own({}, on), libjpeg({}, stock(on));
+  Kind restarts;
+  restarts.restart_interval = 2;
+  const auto original = encode(128, 64, restarts, 3);
+  const Box box{0, 0, 128, 64, 128, 64};
+  const Box top{0, 0, 128, 20, 128, 20};
+  // A byte less at the end of the first restart segment: libjpeg runs out of data in it (a
+  // warning: an error here); the own decoder refuses the MCU that overruns the segment.
+  const uint8_t first_restart[] = {0xFF, 0xD0};
+  {
+    auto file = original;
+    const auto rst =
+        std::search(file.begin(), file.end(), std::begin(first_restart), std::end(first_restart));
+    ASSERT_NE(rst, file.end());
+    file.erase(rst - 2);
+    const Outcome got = decode_box(own, file, box);
+    EXPECT_TRUE(got == decode_box(libjpeg, file, box)) << got.error;
+    EXPECT_FALSE(got.error.empty());
+    EXPECT_TRUE(got.stats.own_decoder_retried);
+  }
+  // Extraneous bytes before a restart marker: libjpeg's warning (counted when it next looks for
+  // a marker) is an error; the own decoder refuses a segment left a whole byte unread.
+  {
+    auto file = original;
+    const auto rst =
+        std::search(file.begin(), file.end(), std::begin(first_restart), std::end(first_restart));
+    file.insert(rst, {0x12, 0x34});
+    const Outcome got = decode_box(own, file, box);
+    EXPECT_TRUE(got == decode_box(libjpeg, file, box)) << got.error;
+    EXPECT_NE(got.error.find("extraneous"), std::string::npos) << got.error;
+    EXPECT_TRUE(got.stats.own_decoder_retried);
+  }
+  // 0xFF 0xFF 0x00 in the scan: refused at the start, libjpeg's path from the first MCU.
+  {
+    auto file = encode(96, 80, Kind{}, 4);
+    const uint8_t stuffed[] = {0xFF, 0x00};
+    const auto at = std::search(file.begin() + static_cast<long>(scan_begin(file)), file.end(),
+                                std::begin(stuffed), std::end(stuffed));
+    ASSERT_NE(at, file.end());
+    file.insert(at, 0xFF);
+    const Box all{0, 0, 96, 80, 96, 80};
+    const Outcome got = decode_box(own, file, all);
+    EXPECT_TRUE(got == decode_box(libjpeg, file, all)) << got.error;
+    EXPECT_NE(got.stats.path, JpegEntropyPath::kOwnDecoder);
+    EXPECT_FALSE(got.stats.own_decoder_retried);
+  }
+  // Cut short: no EOI, refused at the start. A box above the cut decodes on libjpeg's path; one
+  // below it fails there, as without the own decoder.
+  {
+    auto file = make_photo_jpeg(333, 217, 6, 90);
+    file.resize(file.size() * 3 / 4);
+    const Box upper{100, 0, 80, 40, 80, 40}, lower{100, 180, 80, 37, 80, 37};
+    const Outcome got = decode_box(own, file, upper);
+    EXPECT_TRUE(got == decode_box(libjpeg, file, upper)) << got.error;
+    EXPECT_TRUE(got.error.empty()) << got.error;
+    EXPECT_EQ(got.stats.path, JpegEntropyPath::kDiscardOutsideCrop);
+    const Outcome failed = decode_box(own, file, lower);
+    EXPECT_TRUE(failed == decode_box(libjpeg, file, lower));
+    EXPECT_FALSE(failed.error.empty());
+  }
+  // And the next file is the own decoder's again.
+  const Outcome next = decode_box(own, original, top);
+  EXPECT_EQ(next.stats.path, JpegEntropyPath::kOwnDecoder);
+  EXPECT_TRUE(next == decode_box(libjpeg, original, top));
+}
+
+// Taken for a baseline file, whatever the box, and not for a progressive or arithmetic-coded one
+// or with the option off.
+TEST(JpegOwnEntropy, IsUsedForABaselineFileAndNotForAProgressiveOne) {
+  const auto baseline = make_photo_jpeg(500, 375, 3, 90);
+  Kind progressive_kind;
+  progressive_kind.progressive = true;
+  const auto progressive = encode(500, 375, progressive_kind, 3);
+  Kind arithmetic_kind;
+  arithmetic_kind.arithmetic = true;
+  const auto arithmetic = encode(500, 375, arithmetic_kind, 3);
+  DecodeOptions on;
+  on.own_entropy_decoder = true;
+  JpegDecoder d({}, on);
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kNone);
+  d.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
+  JpegEntropyStats stats = d.last_entropy_stats();
+  EXPECT_EQ(stats.path, JpegEntropyPath::kOwnDecoder);
+  EXPECT_FALSE(stats.own_decoder_retried);
+  // 4:2:0 at 8/8: 32 MCUs a row, the box and its one-MCU margin need 10 of them (as the discard
+  // hook's test counts).
+  EXPECT_GE(stats.mcus_discarded, 8u * 22u);
+  EXPECT_LE(stats.mcus_discarded, 24u * 22u);
+  d.decode(baseline.data(), baseline.size());
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kOwnDecoder);
+  EXPECT_EQ(d.last_entropy_stats().mcus_discarded, 0u);
+  d.decode_region(progressive.data(), progressive.size(), 200, 100, 120, 120, 120, 120);
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
+  d.decode_region(arithmetic.data(), arithmetic.size(), 200, 100, 120, 120, 120, 120);
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
+  d.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
+  EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kOwnDecoder);
+  // Without the discard hook every MCU of the decoded rows is stored.
+  DecodeOptions no_discard = on;
+  no_discard.discard_outside_crop = false;
+  JpegDecoder all_columns({}, no_discard);
+  all_columns.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
+  EXPECT_EQ(all_columns.last_entropy_stats().path, JpegEntropyPath::kOwnDecoder);
+  EXPECT_EQ(all_columns.last_entropy_stats().mcus_discarded, 0u);
+  // Off by default.
+  JpegDecoder plain;
+  plain.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
+  EXPECT_EQ(plain.last_entropy_stats().path, JpegEntropyPath::kDiscardOutsideCrop);
+  EXPECT_FALSE(DecodeOptions{}.own_entropy_decoder);
+}
+
+// A whole decode through the seam with plain libjpeg calls, up to jpeg_finish_decompress, with
+// every warning an error: the own decoder leaves libjpeg's source at EOI (no extraneous bytes),
+// and the pixels are those of the same decode without it.
+std::vector<uint8_t> libjpeg_rows(const std::vector<uint8_t>& file, bool own, bool& used) {
+  jpeg_decompress_struct cinfo;
+  detail::ErrorManager err;
+  detail::ColumnDiscard hook;
+  std::vector<uint8_t> pixels;
+  cinfo.err = jpeg_std_error(&err.pub);
+  err.pub.error_exit = detail::on_error;
+  err.pub.emit_message = detail::on_message;
+  jpeg_create_decompress(&cinfo);
+  if (setjmp(err.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    throw std::runtime_error(err.message);
+  }
+  cinfo.client_data = &hook;
+  jpeg_mem_src(&cinfo, file.data(), static_cast<unsigned long>(file.size()));
+  jpeg_read_header(&cinfo, TRUE);
+  cinfo.out_color_space = JCS_RGB;
+  jpeg_start_decompress(&cinfo);
+  used = own && hook.install_own(&cinfo, 0, cinfo.output_width, true);
+  const size_t stride = static_cast<size_t>(cinfo.output_width) * 3;
+  pixels.resize(stride * cinfo.output_height);
+  while (cinfo.output_scanline < cinfo.output_height) {
+    JSAMPROW row = pixels.data() + cinfo.output_scanline * stride;
+    jpeg_read_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  return pixels;
+}
+
+TEST(JpegOwnEntropy, HandsLibjpegsSourceBackAtEoi) {
+  for (const unsigned restart : {0u, 1u, 7u}) {
+    for (const int components : {1, 3}) {
+      Kind k;
+      k.components = components;
+      k.restart_interval = restart;
+      const auto file = encode(123, 77, k, restart + 1);
+      SCOPED_TRACE(k.name());
+      bool used = false, unused = true;
+      std::vector<uint8_t> own, libjpeg;
+      ASSERT_NO_THROW(own = libjpeg_rows(file, true, used));
+      ASSERT_NO_THROW(libjpeg = libjpeg_rows(file, false, unused));
+      EXPECT_TRUE(used);
+      EXPECT_FALSE(unused);
+      EXPECT_TRUE(own == libjpeg);
+    }
+  }
 }
 
 }  // namespace

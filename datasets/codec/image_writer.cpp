@@ -65,6 +65,7 @@ DecodeOptions writer_decode_options(const ImageTransform& t) {
   o.read_orientation = t.exif_orientation;
   o.dct_scales = t.dct_scales;
   o.discard_outside_crop = t.discard_outside_crop;
+  o.own_entropy_decoder = t.own_entropy_decoder;
   return o;
 }
 

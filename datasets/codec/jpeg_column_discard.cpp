@@ -1,10 +1,11 @@
-// The discard hook (jpeg_column_discard.h).
+// The discard hook and the own entropy decoder behind it (jpeg_column_discard.h).
 #include "codec/jpeg_column_discard.h"
+
+#include "codec/libjpeg_errors.h"
 
 namespace conveyor::detail {
 
-bool ColumnDiscard::install(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w) {
-  installed_ = false;
+bool ColumnDiscard::qualifies(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w) {
   if constexpr (!kEntropyPrefixVerified) return false;
   if (cinfo->client_data != this || cinfo->entropy == nullptr) return false;
   // Only libjpeg's sequential Huffman decoder (jdhuff.c) has the NULL discard path, and only a
@@ -29,14 +30,49 @@ bool ColumnDiscard::install(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSIO
   first_ = static_cast<JDIMENSION>(static_cast<long>(crop_x) / align);
   last_ = static_cast<JDIMENSION>((end + align - 1) / align - 1);
   mcus_per_row_ = cinfo->MCUs_per_row;
+  return reinterpret_cast<EntropyDecoderPrefix*>(cinfo->entropy)->decode_mcu != nullptr;
+}
+
+bool ColumnDiscard::install(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w) {
+  installed_ = false;
+  own_ = false;
+  if (!qualifies(cinfo, crop_x, crop_w)) return false;
   if (first_ == 0 && last_ + 1 >= mcus_per_row_) return false;  // every column is needed
   auto* entropy = reinterpret_cast<EntropyDecoderPrefix*>(cinfo->entropy);
   original_ = entropy->decode_mcu;
-  if (original_ == nullptr) return false;
   entropy->decode_mcu = &ColumnDiscard::decode_mcu;
   column_ = 0;
   discarded_ = 0;
   installed_ = true;
+  return true;
+}
+
+bool ColumnDiscard::install_own(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w,
+                                bool discard_columns) {
+  installed_ = false;
+  own_ = false;
+  own_refused_ = false;
+  if (!qualifies(cinfo, crop_x, crop_w)) return false;
+  if (!discard_columns) {
+    first_ = 0;
+    last_ = mcus_per_row_ - 1;
+  }
+  // libjpeg has read no scan data yet (its bit buffer is empty); a scan the own decoder refuses
+  // here is libjpeg's, untouched.
+  if (!own_decoder_.start(cinfo)) return false;
+  // The same MCUs as libjpeg's coefficient controller asks for (per_scan_setup), or none.
+  const ScanLayout& layout = own_decoder_.layout();
+  if (layout.mcus_per_row != mcus_per_row_ ||
+      layout.blocks_in_mcu != static_cast<int>(cinfo->blocks_in_MCU)) {
+    return false;
+  }
+  auto* entropy = reinterpret_cast<EntropyDecoderPrefix*>(cinfo->entropy);
+  original_ = entropy->decode_mcu;
+  entropy->decode_mcu = &ColumnDiscard::decode_mcu_own;
+  column_ = 0;
+  discarded_ = 0;
+  installed_ = true;
+  own_ = true;
   return true;
 }
 
@@ -51,6 +87,28 @@ boolean ColumnDiscard::decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* MCU_data) {
     if (discard) ++self->discarded_;
   }
   return decoded;
+}
+
+boolean ColumnDiscard::decode_mcu_own(j_decompress_ptr cinfo, JBLOCKROW* MCU_data) {
+  auto* self = static_cast<ColumnDiscard*>(cinfo->client_data);
+  HuffmanScanDecoder& own = self->own_decoder_;
+  const JDIMENSION column = self->column_;
+  const bool discard = MCU_data != nullptr && (column < self->first_ || column > self->last_);
+  const bool decoded = MCU_data != nullptr && !discard ? own.decode_mcu(MCU_data) : own.skip_mcu();
+  if (!decoded) {
+    // libjpeg's bit position is lost (it read nothing): only a new decode can take the file.
+    self->own_refused_ = true;
+    fail_with(reinterpret_cast<j_common_ptr>(cinfo), "the own entropy decoder refused the scan");
+  }
+  self->column_ = column + 1 == self->mcus_per_row_ ? 0 : column + 1;
+  if (discard) ++self->discarded_;
+  if (own.finished()) {
+    // The source stands at EOI, as libjpeg's decoder leaves it after a clean scan.
+    jpeg_source_mgr* src = cinfo->src;
+    src->next_input_byte += own.input_bytes();
+    src->bytes_in_buffer -= own.input_bytes();
+  }
+  return TRUE;
 }
 
 }  // namespace conveyor::detail

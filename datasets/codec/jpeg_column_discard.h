@@ -15,14 +15,31 @@
 // is true only for that range of versions, checked when this is compiled: with any other libjpeg
 // the hook is never installed and decoding is libjpeg's own.
 //
+// The same seam runs Conveyor's own entropy decoder (jpeg_entropy.h, issue 35 step 4):
+// install_own() replaces decode_mcu with one that fills the MCUs of the kept columns into
+// libjpeg's block row with HuffmanScanDecoder::decode_mcu and parses every other MCU with
+// skip_mcu (the discarded columns, and the NULL block rows of the rows libjpeg skips).
+// libjpeg-turbo keeps the IDCT, the upsampling, the colour conversion, the DCT scaling and the
+// crop. start() takes the scan when installed (right after jpeg_start_decompress, libjpeg has read
+// no scan data: its source stands at the scan's first byte and its bit buffer is empty); a scan
+// it refuses then is left to libjpeg. A refusal later in the scan cannot be handed back to libjpeg,
+// whose bit position is lost: the replaced decode_mcu ends the libjpeg call in progress through
+// the error manager (fail_with, libjpeg_errors.h) with own_refused() set, and the caller decodes
+// the whole image again with the own decoder off. After the scan's last MCU the source is handed
+// back standing at the EOI marker, so that libjpeg's marker reader (jpeg_finish_decompress) meets
+// it without extraneous bytes.
+//
 // Guarantees: installed only for a sequential (baseline or extended) Huffman-coded 8-bit file
 // whose one scan holds every component (interleaved, or a one-component file, whose MCU is one
 // block) and whose crop leaves at least one MCU column out; never for progressive,
 // arithmetic-coded, multi-scan or lossless files. The MCU column is counted by the hook itself
 // (libjpeg calls decode_mcu for every MCU of every row, left to right, both when it decodes rows
 // and in jpeg_skip_scanlines), and follows the column of a call that libjpeg retries after a
-// suspension; restart markers are processed by the wrapped decode_mcu either way. Its state is
-// one ColumnDiscard per decoder, found from cinfo->client_data; nothing global.
+// suspension; restart markers are processed by the wrapped decode_mcu either way (by the own
+// decoder itself under install_own). Its state, the own decoder and its copy of the scan
+// included, is one ColumnDiscard per decoder, found from cinfo->client_data; nothing global.
+// Requires: a one-scan decode whose libjpeg error_exit longjmps (libjpeg_errors.h), as
+// JpegDecoder's does: the own decoder's refusal leaves libjpeg through it.
 #pragma once
 
 #include <cstddef>
@@ -32,6 +49,8 @@
 // jpeglib.h needs size_t and FILE declared first; it includes jconfig.h, which defines
 // LIBJPEG_TURBO_VERSION_NUMBER in libjpeg-turbo.
 #include <jpeglib.h>
+
+#include "codec/jpeg_entropy.h"
 
 namespace conveyor::detail {
 
@@ -55,6 +74,8 @@ class ColumnDiscard {
   // Forgets the last image's hook (libjpeg frees its entropy decoder with the image).
   void reset() {
     installed_ = false;
+    own_ = false;
+    own_refused_ = false;
     discarded_ = 0;
   }
 
@@ -63,8 +84,26 @@ class ColumnDiscard {
   // Requires: cinfo->client_data == this.
   bool install(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w);
 
+  // Replaces cinfo->entropy->decode_mcu with the own decoder when the file qualifies (as above,
+  // whatever the crop's width) and HuffmanScanDecoder::start() takes its scan; returns whether it
+  // did (false: libjpeg's decode_mcu is untouched, nothing of the scan was read). With
+  // `discard_columns`, the MCUs outside the crop's iMCU columns are parsed without being stored,
+  // as install() does; without, every MCU of a decoded row is stored. (crop_x, crop_w) is the
+  // crop jpeg_crop_scanline returned, or the whole output width when there is none.
+  // Requires: cinfo->client_data == this; cinfo->src holds the rest of the file (jpeg_mem_src);
+  // no row read or skipped yet.
+  bool install_own(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w,
+                   bool discard_columns);
+
+  // Either hook is installed (own() says which).
   bool installed() const { return installed_; }
-  // MCUs of the last image whose coefficients the hook discarded instead of storing.
+  // The own decoder replaces libjpeg's decode_mcu for this image.
+  bool own() const { return own_; }
+  // The own decoder refused the scan after its start: the libjpeg call that was decoding ended
+  // through the error manager, and the image must be decoded again without the own decoder.
+  bool own_refused() const { return own_refused_; }
+  // MCUs of the last image whose coefficients the hook discarded instead of storing (in the rows
+  // libjpeg decodes; not the MCUs of rows it skips).
   uint64_t discarded() const { return discarded_; }
   // The iMCU columns kept, [first, last], of `mcus_per_row`; valid while installed.
   JDIMENSION first_column() const { return first_; }
@@ -72,14 +111,21 @@ class ColumnDiscard {
   JDIMENSION mcus_per_row() const { return mcus_per_row_; }
 
  private:
+  // The checks both hooks make: the file is decoded by libjpeg's sequential Huffman decoder MCU
+  // row by MCU row, and first_/last_/mcus_per_row_ are the crop's columns.
+  bool qualifies(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w);
   static boolean decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* MCU_data);
+  static boolean decode_mcu_own(j_decompress_ptr cinfo, JBLOCKROW* MCU_data);
 
+  HuffmanScanDecoder own_decoder_;  // reused across images: its tables and its copy of the scan
   boolean (*original_)(j_decompress_ptr, JBLOCKROW*) = nullptr;
   JDIMENSION mcus_per_row_ = 0;
   JDIMENSION first_ = 0, last_ = 0;  // the MCU columns whose blocks libjpeg transforms
   JDIMENSION column_ = 0;            // of the next decode_mcu call
   uint64_t discarded_ = 0;
   bool installed_ = false;
+  bool own_ = false;
+  bool own_refused_ = false;
 };
 
 }  // namespace conveyor::detail

@@ -126,6 +126,10 @@ struct JpegDecoder::State {
   std::vector<uint8_t> segments;         // the small JPEG of the covering segments
   detail::ColumnDiscard column_discard;  // found by its decode_mcu through cinfo.client_data
   JpegEntropyPath entropy_path = JpegEntropyPath::kNone;
+  bool own_entropy_retried = false;  // the last decode was redone without the own decoder
+  // The data the decompressor reads: the file, or the small JPEG of its segments.
+  const uint8_t* source = nullptr;
+  size_t source_size = 0;
 
   State(DecodeLimits l, DecodeOptions o) : limits(l), options(o) {
     if (options.channels != 3 && options.channels != 4) {
@@ -189,6 +193,8 @@ struct JpegDecoder::State {
     if (size == 0) throw JpegError("JPEG decode failed: empty input");
     if (setjmp(err.jump)) fail();
     jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+    source = data;
+    source_size = size;
     started = true;
     if (jpeg_read_header(&cinfo, TRUE) != JPEG_HEADER_OK) {
       abort();
@@ -229,11 +235,17 @@ struct JpegDecoder::State {
     JDIMENSION crop_x = 0, crop_w = 0;
   } geometry;
 
-  // Decodes the scaled region's rows into `buffer`, under setjmp.
-  void read_rows(int scale, int x, int y, int width, int height, bool cmyk) {
+  // Decodes the scaled region's rows into `buffer`, under setjmp, with the own entropy decoder
+  // where `own_entropy` and the file allow. False: the own decoder refused the scan after its
+  // start; the image is aborted, and must be decoded again from its header without it.
+  bool read_rows(int scale, int x, int y, int width, int height, bool cmyk, bool own_entropy) {
     entropy_path = JpegEntropyPath::kNone;
     column_discard.reset();
-    if (setjmp(err.jump)) fail();
+    if (setjmp(err.jump)) {
+      if (!column_discard.own_refused()) fail();
+      abort();
+      return false;
+    }
     cinfo.out_color_space = cmyk ? JCS_CMYK : options.channels == 4 ? JCS_EXT_RGBX : JCS_RGB;
     cinfo.scale_num = static_cast<unsigned>(scale);
     cinfo.scale_denom = 8;
@@ -280,12 +292,16 @@ struct JpegDecoder::State {
     g.dy1 = std::min(out_h, g.sy1 + margin_y);
     g.crop_x = static_cast<JDIMENSION>(dx0);
     g.crop_w = static_cast<JDIMENSION>(dx1 - dx0);
-    if (g.crop_w < cinfo.output_width) {
-      jpeg_crop_scanline(&cinfo, &g.crop_x, &g.crop_w);
-      if (options.discard_outside_crop) column_discard.install(&cinfo, g.crop_x, g.crop_w);
+    const bool cropped = g.crop_w < cinfo.output_width;
+    if (cropped) jpeg_crop_scanline(&cinfo, &g.crop_x, &g.crop_w);
+    if (!(own_entropy &&
+          column_discard.install_own(&cinfo, g.crop_x, g.crop_w, options.discard_outside_crop)) &&
+        cropped && options.discard_outside_crop) {
+      column_discard.install(&cinfo, g.crop_x, g.crop_w);
     }
-    entropy_path = column_discard.installed() ? JpegEntropyPath::kDiscardOutsideCrop
-                                              : JpegEntropyPath::kLibjpeg;
+    entropy_path = column_discard.own()         ? JpegEntropyPath::kOwnDecoder
+                   : column_discard.installed() ? JpegEntropyPath::kDiscardOutsideCrop
+                                                : JpegEntropyPath::kLibjpeg;
     const size_t row_bytes =
         static_cast<size_t>(g.crop_w) * static_cast<size_t>(cinfo.output_components);
     const size_t count = static_cast<size_t>(g.dy1 - g.dy0);
@@ -302,6 +318,7 @@ struct JpegDecoder::State {
     }
     // Rows below the region are never decoded.
     abort();
+    return true;
   }
 
   // Where the file's restart intervals tile its MCU rows and the box leaves whole intervals out
@@ -352,7 +369,15 @@ struct JpegDecoder::State {
     const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
     const bool adobe_inverted = cinfo.saw_Adobe_marker != 0;
     cut_to_segments(x, y, width, height);
-    read_rows(scale, x, y, width, height, cmyk);
+    own_entropy_retried = false;
+    if (!read_rows(scale, x, y, width, height, cmyk, options.own_entropy_decoder)) {
+      // The own decoder met something it does not take in the scan (libjpeg may take it, or
+      // report it): the whole image again on libjpeg's path, whose pixels or error are the
+      // decode's, as with the option off.
+      own_entropy_retried = true;
+      read_header(source, source_size);
+      read_rows(scale, x, y, width, height, cmyk, false);
+    }
     const JDIMENSION crop_w = geometry.crop_w;
     const int rows = geometry.dy1 - geometry.dy0;
     const int sx0 = geometry.sx0, sx1 = geometry.sx1;
@@ -432,6 +457,7 @@ JpegEntropyStats JpegDecoder::last_entropy_stats() const {
   JpegEntropyStats stats;
   stats.path = state_->entropy_path;
   stats.mcus_discarded = state_->column_discard.discarded();
+  stats.own_decoder_retried = state_->own_entropy_retried;
   return stats;
 }
 

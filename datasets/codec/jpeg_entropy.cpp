@@ -208,6 +208,7 @@ bool HuffmanScanDecoder::start(j_decompress_ptr cinfo) {
       segment_start_.push_back(out);
     } else {
       ended = marker == 0xD9;  // EOI; any other marker (DNL, another scan) is refused
+      input_bytes_ = first - 1;
       break;
     }
   }
@@ -273,8 +274,11 @@ template <bool kStore>
 bool HuffmanScanDecoder::next_mcu(JBLOCKROW* blocks) {
   if (refused_ || mcu_ >= layout_.total_mcus()) return refuse();
   const uint64_t interval = layout_.restart_interval;
-  if (interval != 0 && mcu_ != 0 && mcu_ % interval == 0 && !enter_segment(mcu_ / interval)) {
-    return false;
+  if (interval != 0 && mcu_ != 0 && mcu_ % interval == 0) {
+    // The segment just decoded may end with fewer than 8 padding bits; libjpeg counts whole bytes
+    // left in it as extraneous data (a warning, an error in JpegDecoder), so this refuses them.
+    const uint64_t position = static_cast<uint64_t>(next_byte_) * 8 - static_cast<uint64_t>(bits_);
+    if (segment_end_bits_ - position >= 8 || !enter_segment(mcu_ / interval)) return refuse();
   }
   // The bit reader in locals: `bits` valid bits at the top of `buffer`. The refill is
   // branchless: one load, and the bytes it completed are counted (56..63 bits valid after it).

@@ -1,5 +1,6 @@
 // datasets/codec/jpeg_entropy.h (build-only): Conveyor's own entropy decoder for baseline JPEG
-// scans (issue 35, step 2), measured alone; not yet wired into JpegDecoder.
+// scans (issue 35, step 2). JpegDecoder runs it in place of libjpeg-turbo's decode_mcu under
+// DecodeOptions::own_entropy_decoder (jpeg_column_discard.h).
 //
 // What it is for: decoding the Huffman-coded coefficients of a sequential 8-bit JPEG faster than
 // libjpeg-turbo does, and starting that decoding at any MCU whose state was saved (the per-file
@@ -20,8 +21,9 @@
 //
 // Guarantees: decode_mcu stores exactly what libjpeg-turbo's decode_mcu (jdhuff.c) stores for a
 // file libjpeg decodes without a warning, or reports a refusal. Any anomaly (a code that is in no
-// table, data running out of its segment, a missing or out-of-sequence restart marker) makes the
-// call return false, never undefined behaviour; after a refusal the decoder refuses until the
+// table, data running out of its segment, a missing or out-of-sequence restart marker, a whole
+// byte or more left unread in a restart segment, which libjpeg reports as extraneous data) makes
+// the call return false, never undefined behaviour; after a refusal the decoder refuses until the
 // next start(). Reads nothing outside the copy it made.
 #pragma once
 
@@ -94,6 +96,12 @@ class HuffmanScanDecoder {
 
   const ScanLayout& layout() const { return layout_; }
   bool refused() const { return refused_; }
+  // Every MCU of the scan has been decoded or skipped.
+  bool finished() const { return mcu_ == layout_.total_mcus(); }
+  // The input bytes from the scan's first byte to its EOI marker (the marker's first 0xFF):
+  // where libjpeg's source must stand after the scan for its marker reader to meet EOI (valid
+  // after a successful start()).
+  size_t input_bytes() const { return input_bytes_; }
   // Where the decoder stands (valid while not refused).
   EntropyState state() const;
   // Continues from a state this decoder saved for the same scan; false (and refused) for a state
@@ -122,6 +130,7 @@ class HuffmanScanDecoder {
   // The de-stuffed scan, followed by zeros so that a refill may read past the end.
   std::vector<uint8_t> scan_;
   std::vector<size_t> segment_start_, segment_end_;  // byte offsets in scan_, per restart segment
+  size_t input_bytes_ = 0;                           // of the scan in the file, up to EOI
   // The bit reader: `bits` valid bits at the top of `buffer`; `next_byte` is the next to load.
   uint64_t buffer_ = 0;
   int bits_ = 0;

@@ -6,9 +6,10 @@
 // Corrupt data (a truncated file, a bad Huffman code) is only a warning to libjpeg, which then
 // carries on with grey pixels; on_message makes it the error it is.
 // No C++ exception ever crosses libjpeg's C frames: libjpeg's errors and the codec's own checks
-// inside its callbacks (fail_with: the progress monitor's scan limit; the encoder's destination,
-// which catches its allocation failures) all longjmp back to that setjmp, and the frame that
-// called setjmp throws once libjpeg has returned.
+// inside its callbacks (fail_with: the progress monitor's scan limit; the own entropy decoder's
+// refusal midway through a scan, jpeg_column_discard.h; the encoder's destination, which catches
+// its allocation failures) all longjmp back to that setjmp, and the frame that called setjmp
+// throws (or, after the own decoder's refusal, decodes again) once libjpeg has returned.
 // Requires: the frame that called setjmp holds nothing with a destructor (the jump skips them),
 // and no jump leaves a catch block (the exception being handled would never be released).
 #pragma once

@@ -7,7 +7,9 @@
 // Decoders and writers are kept per option set across inputs, as the loader keeps one per worker,
 // so that state carried from one decode to the next is exercised. JpegError and
 // std::runtime_error are expected outcomes; a crash, a sanitizer report, a leak, a timeout or an
-// out-of-memory is a finding.
+// out-of-memory is a finding. The decoder entry points run twice, without and with the own
+// entropy decoder (DecodeOptions::own_entropy_decoder, issue 35): a difference in the pixels, the
+// region or the error between the two is a finding too.
 //
 // `conveyor-jpeg-fuzz --write-seeds DIR` writes the seed corpus (every kind of file that
 // encode_jpeg writes, at small sizes, and progressive files of DecodeLimits::max_scans scans and
@@ -50,8 +52,10 @@ void touch(const DecodedImage& image, const DecodeOptions& options) {
 }
 
 JpegDecoder& decoder_for(const DecodeOptions& o, uint64_t max_pixels) {
-  static std::map<std::tuple<int, bool, bool, bool, uint64_t>, std::unique_ptr<JpegDecoder>> cache;
-  auto& slot = cache[{o.channels, o.fast_upsampling, o.any_scale, o.read_orientation, max_pixels}];
+  static std::map<std::tuple<int, bool, bool, bool, bool, uint64_t>, std::unique_ptr<JpegDecoder>>
+      cache;
+  auto& slot = cache[{o.channels, o.fast_upsampling, o.any_scale, o.read_orientation,
+                      o.own_entropy_decoder, max_pixels}];
   if (!slot) slot = std::make_unique<JpegDecoder>(DecodeLimits{max_pixels}, o);
   return *slot;
 }
@@ -84,7 +88,10 @@ void run_decoder(FuzzedDataProvider& cfg, int entry, const uint8_t* jpeg, size_t
   o.any_scale = cfg.ConsumeBool();
   o.read_orientation = cfg.ConsumeBool();
   const uint64_t max_pixels = pick_limit(cfg);
-  JpegDecoder& decoder = decoder_for(o, max_pixels);
+  DecodeOptions own_options = o;
+  own_options.own_entropy_decoder = true;
+  JpegDecoder& stock = decoder_for(o, max_pixels);
+  JpegDecoder& own = decoder_for(own_options, max_pixels);
   // The box, as fractions of the image (1/65535) or, rarely, raw and possibly outside it.
   const bool raw = cfg.ConsumeIntegral<uint8_t>() < 16;
   const uint16_t bx = cfg.ConsumeIntegral<uint16_t>(), by = cfg.ConsumeIntegral<uint16_t>();
@@ -104,26 +111,52 @@ void run_decoder(FuzzedDataProvider& cfg, int entry, const uint8_t* jpeg, size_t
     w = 1 + static_cast<int>(static_cast<uint64_t>(bw) * (h.width - x) / 65536);
     bh_out = 1 + static_cast<int>(static_cast<uint64_t>(bh) * (h.height - y) / 65536);
   };
-  int x = 0, y = 0, w = 0, h = 0;
-  switch (entry) {
-    case 1:
-      touch(decoder.decode(jpeg, size), o);
-      break;
-    case 2: {
-      // The header from one call, the region from another: read_header leaves no state behind.
-      const JpegHeader header = decoder.read_header(jpeg, size);
-      check(header.orientation >= 1 && header.orientation <= 8, "orientation in 1..8");
-      box(header, x, y, w, h);
-      touch(decoder.decode_region(jpeg, size, x, y, w, h, min_w, min_h), o);
-      break;
+  // One entry point on one decoder: the decoded region, or the error's message.
+  auto run = [&](JpegDecoder& decoder, std::string& error) -> DecodedImage {
+    int x = 0, y = 0, w = 0, h = 0;
+    try {
+      switch (entry) {
+        case 1:
+          return decoder.decode(jpeg, size);
+        case 2: {
+          // The header from one call, the region from another: read_header leaves no state
+          // behind.
+          const JpegHeader header = decoder.read_header(jpeg, size);
+          check(header.orientation >= 1 && header.orientation <= 8, "orientation in 1..8");
+          box(header, x, y, w, h);
+          return decoder.decode_region(jpeg, size, x, y, w, h, min_w, min_h);
+        }
+        default: {
+          const JpegHeader header = decoder.begin(jpeg, size);
+          check(header.width >= 1 && header.height >= 1, "a non-empty header");
+          check(static_cast<uint64_t>(header.width) * header.height <= max_pixels,
+                "the pixel limit");
+          box(header, x, y, w, h);
+          return decoder.finish_region(x, y, w, h, min_w, min_h);
+        }
+      }
+    } catch (const std::runtime_error& e) {  // JpegError: refused input
+      error = e.what();
+      return DecodedImage{};
     }
-    default: {
-      const JpegHeader header = decoder.begin(jpeg, size);
-      check(header.width >= 1 && header.height >= 1, "a non-empty header");
-      check(static_cast<uint64_t>(header.width) * header.height <= max_pixels, "the pixel limit");
-      box(header, x, y, w, h);
-      touch(decoder.finish_region(x, y, w, h, min_w, min_h), o);
-      break;
+  };
+  std::string stock_error, own_error;
+  const DecodedImage a = run(stock, stock_error);
+  const DecodedImage b = run(own, own_error);
+  check(stock_error == own_error, "the same error with the own entropy decoder");
+  if (!stock_error.empty()) throw JpegError(stock_error);
+  touch(a, o);
+  touch(b, own_options);
+  check(a.width == b.width && a.height == b.height && a.scale == b.scale,
+        "the same region with the own entropy decoder");
+  const size_t row = static_cast<size_t>(a.width) * static_cast<size_t>(a.channels);
+  for (int r = 0; r < a.height; ++r) {
+    const uint8_t* pa = a.pixels + static_cast<size_t>(r) * a.stride;
+    const uint8_t* pb = b.pixels + static_cast<size_t>(r) * b.stride;
+    for (size_t i = 0; i < row; ++i) {
+      // RGBX's fourth byte is unspecified.
+      if (a.channels == 4 && i % 4 == 3) continue;
+      check(pa[i] == pb[i], "the same pixels with the own entropy decoder");
     }
   }
 }

@@ -84,6 +84,16 @@ struct DecodeOptions {
   // progressive, arithmetic-coded and multi-scan files are decoded as before. The pixels are the
   // same either way; off only to compare.
   bool discard_outside_crop = true;
+  // Decode the entropy-coded data (the Huffman symbols, to coefficients) of sequential 8-bit
+  // Huffman files with one scan with Conveyor's own decoder instead of libjpeg-turbo's (issue 35;
+  // 1.34x libjpeg-turbo's speed alone, BENCHMARKS.md); libjpeg-turbo still parses the headers and
+  // does the IDCT, upsampling, colour conversion, DCT scaling and crop. With
+  // discard_outside_crop, the MCUs outside the crop's columns are parsed without being stored.
+  // Guarantees: the pixels, and the errors, are libjpeg-turbo's. A file the own decoder does not
+  // take (progressive, arithmetic-coded, 12-bit, multi-scan, a scan it finds anything odd in, at
+  // its start or midway) is decoded, from its header again when midway, by libjpeg-turbo alone.
+  // Off by default while it is measured.
+  bool own_entropy_decoder = false;
 };
 
 // How the entropy decoding of a JpegDecoder's last decode went, for statistics and tests.
@@ -93,12 +103,19 @@ enum class JpegEntropyPath {
   // DecodeOptions::discard_outside_crop: the MCUs outside the crop's columns were parsed and
   // discarded, those inside decoded in full
   kDiscardOutsideCrop,
+  // DecodeOptions::own_entropy_decoder: Conveyor's own decoder decoded the MCUs of the decoded
+  // rows (the columns outside the crop parsed and discarded with discard_outside_crop)
+  kOwnDecoder,
 };
 
 struct JpegEntropyStats {
   JpegEntropyPath path = JpegEntropyPath::kNone;
-  // kDiscardOutsideCrop: the MCUs whose coefficients were discarded rather than stored.
+  // kDiscardOutsideCrop, kOwnDecoder: the MCUs whose coefficients were discarded rather than
+  // stored.
   uint64_t mcus_discarded = 0;
+  // The own decoder took the scan but refused it midway, and the image was decoded again without
+  // it (`path` is then that decode's).
+  bool own_decoder_retried = false;
 };
 
 struct JpegHeader {

@@ -115,14 +115,17 @@ struct ImageTransform {
   // Parse the MCUs outside the crop's columns without storing them
   // (DecodeOptions::discard_outside_crop). The same pixels either way; off only to compare.
   bool discard_outside_crop = true;
+  // Decode JPEG scans with Conveyor's own baseline entropy decoder
+  // (DecodeOptions::own_entropy_decoder). The same pixels either way; off by default.
+  bool own_entropy_decoder = false;
   // Several views of each image (DINOv2's 2 global + 8 local crops, SimCLR's 2): named groups,
   // each of `count` views made by its own transform's geometry (mode, size, resize, scale, ratio,
   // flip_probability). Empty (the default): one view of this transform, as always. With groups,
   // an image field becomes one field per group, named after it, of shape [count, 3, S, S] (or
   // [count, S, S, 3]) with S its group's size; this transform's layout, limits,
-  // exif_orientation, dct_scales and discard_outside_crop apply to every view, and its own
-  // geometry is unused. plan_image() (conveyor/image_plan.h) numbers the views 0..N-1 in group
-  // order, so one group of count 1 is that group's transform, bit for bit.
+  // exif_orientation, dct_scales, discard_outside_crop and own_entropy_decoder apply to every
+  // view, and its own geometry is unused. plan_image() (conveyor/image_plan.h) numbers the views
+  // 0..N-1 in group order, so one group of count 1 is that group's transform, bit for bit.
   std::vector<ViewGroup> views;
   // With views: decode the image once, the bounding box of every view's box at the finest DCT
   // scale any view needs, and resize each view from it (true, the default); or decode each view
