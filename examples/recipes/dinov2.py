@@ -27,9 +27,8 @@ import sys
 
 import conveyor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:  # recipe_main.py beside this file, also when loaded by path
-    sys.path.insert(0, HERE)
+if (here := os.path.dirname(os.path.abspath(__file__))) not in sys.path:
+    sys.path.insert(0, here)  # recipe_main.py beside this file, also when loaded by path
 import recipe_main  # noqa: E402
 
 aug = conveyor.augment
