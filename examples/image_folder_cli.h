@@ -34,8 +34,9 @@ struct FolderSettings {
   uint64_t seed = 0;  // the loader's seed
 };
 
-// --data and --generate (not both; parse_or_exit requires one). `then` says what the example
-// does with the folder ("train", "load").
+// --data and --generate (not both; parse_or_exit requires one), first in --help, whose option
+// column it sets to 24 characters. `then` says what the example does with the folder ("train",
+// "load").
 inline void add_source_options(CLI::App& app, FolderSettings& s, const std::string& then) {
   app.get_formatter()->column_width(24);
   auto* data = app.add_option("--data", s.data, "an ImageFolder (DIR/<class>/<image>.jpg)");
