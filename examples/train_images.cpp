@@ -17,13 +17,12 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "conveyor/conveyor.h"
-#include "synthetic.h"
+#include "image_folder_cli.h"
 
 namespace {
 
@@ -34,17 +33,10 @@ double ms_between(Clock::time_point a, Clock::time_point b) {
 }
 
 struct Settings {
-  std::string data;
-  std::string generate;
-  size_t classes = 4;
-  size_t per_class = 16;
+  conveyor::examples::FolderSettings folder;
   int size = 64;
-  size_t batch = 16;
-  size_t workers = 2;
-  int epochs = 2;
   size_t steps = 0;
   double lr = 0.05;
-  uint64_t seed = 0;
 };
 
 // The command line (CLI11, as conveyor-bench and conveyor-prepare): --help lists every option with
@@ -54,36 +46,17 @@ Settings parse(int argc, char** argv) {
   CLI::App app(
       "train_images: a small CNN trained on an ImageFolder through Conveyor's image "
       "pipeline");
-  app.get_formatter()->column_width(24);
-  auto* data = app.add_option("--data", s.data, "an ImageFolder (DIR/<class>/<image>.jpg)");
-  auto* generate = app.add_option("--generate", s.generate,
-                                  "first write a small photo-like ImageFolder to DIR, then train");
-  data->excludes(generate);
-  app.add_option("--classes", s.classes, "classes of the generated dataset")->capture_default_str();
-  app.add_option("--per-class", s.per_class, "images per class of the generated dataset")
-      ->capture_default_str();
+  conveyor::examples::add_source_options(app, s.folder, "train");
+  conveyor::examples::add_generator_options(app, s.folder);
   app.add_option("--size", s.size, "output side of each image (at least 8)")
       ->capture_default_str()
       ->check(CLI::Range(8, 4096));
-  app.add_option("--batch", s.batch, "batch size")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--workers", s.workers, "decode threads")->capture_default_str();
-  app.add_option("--epochs", s.epochs, "epochs")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+  conveyor::examples::add_loop_options(app, s.folder);
   app.add_option("--steps", s.steps, "stop after this many steps (0: whole epochs)")
       ->capture_default_str();
   app.add_option("--lr", s.lr, "SGD learning rate")->capture_default_str();
-  app.add_option("--seed", s.seed, "the loader's seed")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-    if (s.data.empty() == s.generate.empty()) {
-      throw CLI::ValidationError("give either --data or --generate");
-    }
-  } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e) == 0 ? 0 : 2);
-  }
+  conveyor::examples::add_seed_option(app, s.folder);
+  conveyor::examples::parse_or_exit(app, argc, argv, s.folder);
   return s;
 }
 
@@ -110,41 +83,25 @@ TORCH_MODULE(SmallCnn);
 
 int main(int argc, char** argv) {
   const Settings settings = parse(argc, argv);
-  std::string root = settings.data;
-  if (!settings.generate.empty()) {
-    conveyor::GeneratorOptions generator;
-    generator.classes = settings.classes;
-    generator.images_per_class = settings.per_class;
-    generator.threads = settings.workers;
-    const conveyor::GeneratedDataset made =
-        conveyor::generate_image_folder(settings.generate, generator);
-    std::printf("dataset: %zu images in %s (%s)\n", made.images, made.root.c_str(),
-                made.reused ? "reused" : "generated");
-    root = made.root.string();
-  }
+  const std::string root = conveyor::examples::image_folder_root(settings.folder);
 
   const torch::Device device = conveyor::cuda_available() ? torch::kCUDA : torch::kCPU;
   auto source = conveyor::ImageSource::image_folder(
       root, conveyor::ImageTransform::train(settings.size));  // RandomResizedCrop + flip
   const int64_t classes = static_cast<int64_t>(source->classes().size());
-  auto loader =
-      conveyor::make_data_loader(std::move(source), conveyor::DataLoaderOptions(settings.batch)
-                                                        .workers(settings.workers)
-                                                        .drop_last(true)
-                                                        .pin_memory(true)
-                                                        .device(device)
-                                                        .seed(settings.seed));
+  auto loader = conveyor::make_data_loader(
+      std::move(source), conveyor::examples::loader_options(settings.folder, device));
   std::printf("training on %s, %lld classes\n", device.str().c_str(),
               static_cast<long long>(classes));
 
-  torch::manual_seed(static_cast<uint64_t>(settings.seed));
+  torch::manual_seed(static_cast<uint64_t>(settings.folder.seed));
   SmallCnn model(classes);
   model->to(device);
   torch::optim::SGD optimizer(model->parameters(),
                               torch::optim::SGDOptions(settings.lr).momentum(0.9));
 
   size_t step = 0;
-  for (int epoch = 0; epoch < settings.epochs; ++epoch) {
+  for (int epoch = 0; epoch < settings.folder.epochs; ++epoch) {
     auto asked = Clock::now();  // when the loop asked for the next batch
     for (auto it = loader->begin(); it != loader->end(); ++it) {
       const auto arrived = Clock::now();

@@ -16,30 +16,22 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "conveyor/conveyor.h"
-#include "synthetic.h"
+#include "image_folder_cli.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
 struct Settings {
-  std::string data;
-  std::string generate;
+  conveyor::examples::FolderSettings folder;
   std::string recipe = "dinov2";
-  size_t classes = 4;
-  size_t per_class = 16;
   int global = 224;
   int local = 96;
-  size_t batch = 16;
-  size_t workers = 2;
-  int epochs = 2;
-  uint64_t seed = 0;
 };
 
 // The command line (CLI11, as the other examples): --help lists every option with its default; a
@@ -47,39 +39,20 @@ struct Settings {
 Settings parse(int argc, char** argv) {
   Settings s;
   CLI::App app("views_loop: several views of each image (DINOv2, SimCLR) through Conveyor");
-  app.get_formatter()->column_width(24);
-  auto* data = app.add_option("--data", s.data, "an ImageFolder (DIR/<class>/<image>.jpg)");
-  auto* generate = app.add_option("--generate", s.generate,
-                                  "first write a small photo-like ImageFolder to DIR, then load");
-  data->excludes(generate);
+  conveyor::examples::add_source_options(app, s.folder, "load");
   app.add_option("--recipe", s.recipe, "the views: dinov2 (2 global + 8 local) or simclr (2)")
       ->capture_default_str()
       ->check(CLI::IsMember({"dinov2", "simclr"}));
-  app.add_option("--classes", s.classes, "classes of the generated dataset")->capture_default_str();
-  app.add_option("--per-class", s.per_class, "images per class of the generated dataset")
-      ->capture_default_str();
+  conveyor::examples::add_generator_options(app, s.folder);
   app.add_option("--global", s.global, "side of a global (or SimCLR) view")
       ->capture_default_str()
       ->check(CLI::Range(8, 4096));
   app.add_option("--local", s.local, "side of a local view (DINOv2)")
       ->capture_default_str()
       ->check(CLI::Range(8, 4096));
-  app.add_option("--batch", s.batch, "batch size")
-      ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  app.add_option("--workers", s.workers, "decode threads")->capture_default_str();
-  app.add_option("--epochs", s.epochs, "epochs")
-      ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", s.seed, "the loader's seed")->capture_default_str();
-  try {
-    app.parse(argc, argv);
-    if (s.data.empty() == s.generate.empty()) {
-      throw CLI::ValidationError("give either --data or --generate");
-    }
-  } catch (const CLI::ParseError& e) {
-    std::exit(app.exit(e) == 0 ? 0 : 2);
-  }
+  conveyor::examples::add_loop_options(app, s.folder);
+  conveyor::examples::add_seed_option(app, s.folder);
+  conveyor::examples::parse_or_exit(app, argc, argv, s.folder);
   return s;
 }
 
@@ -113,32 +86,16 @@ std::string shape_of(const torch::Tensor& t) {
 
 int main(int argc, char** argv) {
   const Settings settings = parse(argc, argv);
-  std::string root = settings.data;
-  if (!settings.generate.empty()) {
-    conveyor::GeneratorOptions generator;
-    generator.classes = settings.classes;
-    generator.images_per_class = settings.per_class;
-    generator.threads = settings.workers;
-    const conveyor::GeneratedDataset made =
-        conveyor::generate_image_folder(settings.generate, generator);
-    std::printf("dataset: %zu images in %s (%s)\n", made.images, made.root.c_str(),
-                made.reused ? "reused" : "generated");
-    root = made.root.string();
-  }
+  const std::string root = conveyor::examples::image_folder_root(settings.folder);
 
   const torch::Device device = conveyor::cuda_available() ? torch::kCUDA : torch::kCPU;
   auto source = conveyor::ImageSource::image_folder(root, views(settings));
-  auto loader =
-      conveyor::make_data_loader(std::move(source), conveyor::DataLoaderOptions(settings.batch)
-                                                        .workers(settings.workers)
-                                                        .drop_last(true)
-                                                        .pin_memory(true)
-                                                        .device(device)
-                                                        .seed(settings.seed));
+  auto loader = conveyor::make_data_loader(
+      std::move(source), conveyor::examples::loader_options(settings.folder, device));
   std::printf("%s views on %s\n", settings.recipe.c_str(), device.str().c_str());
 
   size_t batches = 0;
-  for (int epoch = 0; epoch < settings.epochs; ++epoch) {
+  for (int epoch = 0; epoch < settings.folder.epochs; ++epoch) {
     const auto started = Clock::now();
     size_t images = 0;
     double checksum = 0;

@@ -452,6 +452,14 @@ ReferenceBox reference_box(const ViewPlan& v, const double* b, double min_size,
   return r;
 }
 
+// A box row `got` (x1, y1, x2, y2) is the reference's, within 1e-4.
+void expect_near_reference(const float* got, const ReferenceBox& r) {
+  ASSERT_NEAR(got[0], r.x1, 1e-4);
+  ASSERT_NEAR(got[1], r.y1, 1e-4);
+  ASSERT_NEAR(got[2], r.x2, 1e-4);
+  ASSERT_NEAR(got[3], r.y2, 1e-4);
+}
+
 ViewPlan random_view(std::mt19937_64& gen, int width, int height) {
   ViewPlan v;
   v.width = 1 + static_cast<int>(gen() % width);
@@ -650,11 +658,7 @@ TEST(Boxes, FollowTheImageWithTheirLabelsPointsAndPlan) {
         }
         ASSERT_LT(out, boxes.count()) << "sample " << i;
         ASSERT_EQ(label_values[out], d.labels[k]) << "sample " << i << " box " << k;
-        const float* got = box_values + 4 * out;
-        ASSERT_NEAR(got[0], r.x1, 1e-4);
-        ASSERT_NEAR(got[1], r.y1, 1e-4);
-        ASSERT_NEAR(got[2], r.x2, 1e-4);
-        ASSERT_NEAR(got[3], r.y2, 1e-4);
+        ASSERT_NO_FATAL_FAILURE(expect_near_reference(box_values + 4 * out, r));
         ++out;
         ++kept;
       }
@@ -755,6 +759,16 @@ std::string error_at(FieldSource& source, size_t index) {
   return "";
 }
 
+// Why a source of `fields` over `reader` is refused (std::invalid_argument); "" where it is made.
+std::string refused(std::shared_ptr<MemberReader> reader, Fields fields) {
+  try {
+    FieldSource::from_reader(std::move(reader), std::move(fields));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST(Boxes, ClearErrors) {
   const ImageTransform t = ImageTransform::train(16);
   const std::vector<std::pair<std::string, std::string>> members = {
@@ -772,29 +786,27 @@ TEST(Boxes, ClearErrors) {
                                {{"image", Field::image("png", t)},
                                 {"boxes", Field::boxes("boxes", "image", {})},
                                 {"kp", Field::points("kp")}});
-  EXPECT_EQ(error_at(*source, 0),
-            "field \"boxes\": box 0 [0.000000, 0.000000, 41.000000, 10.000000] lies outside its "
-            "image (field \"image\": 40x20, upright)");
-  EXPECT_EQ(error_at(*source, 1),
-            "field \"boxes\": box 0 [5.000000, 0.000000, 4.000000, 10.000000] is not [x1, y1, "
-            "x2, y2] with x1 <= x2, y1 <= y2");
-  EXPECT_EQ(error_at(*source, 2),
-            "field \"boxes\": member \"boxes\" is a list of lists of 5 numbers, not boxes of 4 "
-            "numbers");
-  EXPECT_EQ(error_at(*source, 3),
-            "field \"boxes\": member \"boxes\" lists 5 numbers, not boxes of 4");
-  EXPECT_EQ(
-      error_at(*source, 4),
-      "field \"boxes\": member \"boxes\" is not an .npy or a JSON list of boxes of 4 numbers");
-  EXPECT_EQ(error_at(*source, 5),
-            "field \"kp\": member \"kp\" is not an .npy or a JSON list of points of 2 or 3 "
-            "numbers");
-  EXPECT_EQ(error_at(*source, 6),
-            "field \"kp\": member \"kp\" is not an .npy or a JSON list of points of 2 or 3 "
-            "numbers");
-  EXPECT_EQ(error_at(*source, 7),
-            "field \"kp\": member \"kp\" is a list of lists of 4 numbers, not points of 2 or 3 "
-            "numbers");
+  // What each member gives, in the order of `members`.
+  const std::vector<std::string> errors = {
+      "field \"boxes\": box 0 [0.000000, 0.000000, 41.000000, 10.000000] lies outside its "
+      "image (field \"image\": 40x20, upright)",
+      "field \"boxes\": box 0 [5.000000, 0.000000, 4.000000, 10.000000] is not [x1, y1, "
+      "x2, y2] with x1 <= x2, y1 <= y2",
+      "field \"boxes\": member \"boxes\" is a list of lists of 5 numbers, not boxes of 4 "
+      "numbers",
+      "field \"boxes\": member \"boxes\" lists 5 numbers, not boxes of 4",
+      "field \"boxes\": member \"boxes\" is not an .npy or a JSON list of boxes of 4 numbers",
+      "field \"kp\": member \"kp\" is not an .npy or a JSON list of points of 2 or 3 "
+      "numbers",
+      "field \"kp\": member \"kp\" is not an .npy or a JSON list of points of 2 or 3 "
+      "numbers",
+      "field \"kp\": member \"kp\" is a list of lists of 4 numbers, not points of 2 or 3 "
+      "numbers",
+  };
+  ASSERT_EQ(errors.size(), members.size());
+  for (size_t i = 0; i < members.size(); ++i) {
+    EXPECT_EQ(error_at(*source, i), errors[i]) << "member " << i;
+  }
 }
 
 // NaN in a typed array, a paired field of another length, and the declarations refused.
@@ -815,34 +827,27 @@ TEST(Boxes, PairedRowsAndDeclarations) {
   EXPECT_EQ(error_at(*source, 1),
             "field \"labels\" has 2 rows and its boxes (field \"boxes\") 1: a field paired with "
             "boxes has one row per box");
-  const auto refused = [&](Fields fields) {
-    try {
-      FieldSource::from_reader(reader, std::move(fields));
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
-  EXPECT_EQ(refused({{"image", image}, {"boxes", Field::boxes("boxes")}}),
+  EXPECT_EQ(refused(reader, {{"image", image}, {"boxes", Field::boxes("boxes")}}),
             "field \"boxes\" pairs with \"labels\", which is not a field of the source (boxes "
             "without labels: paired=())");
-  EXPECT_EQ(refused({{"image", image},
-                     {"boxes", Field::boxes("boxes")},
-                     {"labels", Field::integer("labels")}}),
+  EXPECT_EQ(refused(reader, {{"image", image},
+                             {"boxes", Field::boxes("boxes")},
+                             {"labels", Field::integer("labels")}}),
             "field \"boxes\" pairs with \"labels\", which is not a ragged array (shape (-1, ...): "
             "one row per box)");
-  EXPECT_EQ(refused({{"image", image},
-                     {"boxes", Field::boxes("boxes")},
-                     {"more", Field::boxes("boxes")},
-                     {"labels", Field::array("labels", c10::kLong, {-1})}}),
+  EXPECT_EQ(refused(reader, {{"image", image},
+                             {"boxes", Field::boxes("boxes")},
+                             {"more", Field::boxes("boxes")},
+                             {"labels", Field::array("labels", c10::kLong, {-1})}}),
             "field \"more\" pairs with \"labels\", which another boxes field pairs with already");
-  EXPECT_EQ(refused({{"image", image}, {"plan", Field::plan("picture")}}),
+  EXPECT_EQ(refused(reader, {{"image", image}, {"plan", Field::plan("picture")}}),
             "field \"plan\": follows \"picture\", which is not an image field of the same source");
   BoxRule bad_rule;
   bad_rule.min_visibility = 1.5;
-  EXPECT_EQ(refused({{"image", image}, {"boxes", Field::boxes("boxes", "image", {}, bad_rule)}}),
-            "field \"boxes\": min_size must be >= 0 and min_visibility in [0, 1]");
-  EXPECT_EQ(refused({{"image", image}, {"kp", Field::points("kp", "image", 4)}}),
+  EXPECT_EQ(
+      refused(reader, {{"image", image}, {"boxes", Field::boxes("boxes", "image", {}, bad_rule)}}),
+      "field \"boxes\": min_size must be >= 0 and min_visibility in [0, 1]");
+  EXPECT_EQ(refused(reader, {{"image", image}, {"kp", Field::points("kp", "image", 4)}}),
             "field \"kp\": point_columns is 2 (x, y), 3 (x, y, visibility) or 0 (no flat lists), "
             "not 4");
 }
@@ -1020,10 +1025,7 @@ TEST(FollowViews, EachViewOfTheGroupItNames) {
           ASSERT_LT(out, boxes.count());
           ASSERT_EQ(label_values[out], d.labels[k]) << "sample " << i << " view " << v;
           const float* got = box_values + 4 * out;
-          ASSERT_NEAR(got[0], r.x1, 1e-4);
-          ASSERT_NEAR(got[1], r.y1, 1e-4);
-          ASSERT_NEAR(got[2], r.x2, 1e-4);
-          ASSERT_NEAR(got[3], r.y2, 1e-4);
+          ASSERT_NO_FATAL_FAILURE(expect_near_reference(got, r));
           ASSERT_EQ(got[0], static_cast<float>(m.x1));
           ASSERT_EQ(got[1], static_cast<float>(m.y1));
           ASSERT_EQ(got[2], static_cast<float>(m.x2));
@@ -1189,30 +1191,22 @@ TEST(FollowViews, SameBatchesForOneAndFourWorkersAndAfterAResume) {
 // listing them.
 TEST(FollowViews, AFollowerNamesAGroup) {
   const auto reader = annotated(1, 1);
-  const auto refused = [&](Fields fields) {
-    try {
-      FieldSource::from_reader(reader, std::move(fields));
-    } catch (const std::invalid_argument& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
   const Field image = Field::image("png", dino_views());
   const std::string groups =
       "it follows one group of them, named in `follows`: \"global\", "
       "\"local\"";
-  EXPECT_EQ(refused({{"image", image}, {"seg", Field::mask("seg")}}),
+  EXPECT_EQ(refused(reader, {{"image", image}, {"seg", Field::mask("seg")}}),
             "field \"seg\" follows \"image\", an image with views: " + groups);
-  EXPECT_EQ(refused({{"image", image}, {"boxes", Field::boxes("boxes", "image", {})}}),
+  EXPECT_EQ(refused(reader, {{"image", image}, {"boxes", Field::boxes("boxes", "image", {})}}),
             "field \"boxes\" follows \"image\", an image with views: " + groups);
-  EXPECT_EQ(refused({{"image", image}, {"plan", Field::plan("image")}}),
+  EXPECT_EQ(refused(reader, {{"image", image}, {"plan", Field::plan("image")}}),
             "field \"plan\" follows \"image\", an image with views: " + groups);
-  EXPECT_EQ(refused({{"image", image}, {"plan", Field::plan("globals")}}),
+  EXPECT_EQ(refused(reader, {{"image", image}, {"plan", Field::plan("globals")}}),
             "field \"plan\": follows \"globals\", which is not an image field of the same source");
   // The per-view counts are a batch field of their name.
-  EXPECT_EQ(refused({{"image", image},
-                     {"kp", Field::points("kp", "local")},
-                     {"kp_per_view", Field::integer("cls")}}),
+  EXPECT_EQ(refused(reader, {{"image", image},
+                             {"kp", Field::points("kp", "local")},
+                             {"kp_per_view", Field::integer("cls")}}),
             "field \"kp_per_view\" is named twice (a view group is a field of its name)");
   // max_bytes bounds the member (2 boxes of 16 bytes); the row holds each view's.
   std::vector<Detection> three = detections(1, 5);

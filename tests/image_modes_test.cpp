@@ -224,22 +224,8 @@ std::vector<ImageTransform> transforms() {
 }
 
 std::vector<PngFile> png_corpus() {
-  std::vector<PngFile> files;
   const int sizes[][2] = {{1, 1}, {9, 1}, {5, 3}, {17, 13}, {33, 31}, {64, 41}};
-  uint64_t seed = 1;
-  for (PngSpec kind : testing::every_png_kind()) {
-    for (const auto& wh : sizes) {
-      for (int interlaced = 0; interlaced < 2; ++interlaced) {
-        PngSpec s = kind;
-        s.width = wh[0];
-        s.height = wh[1];
-        s.interlaced = interlaced != 0;
-        s.transparency = (seed % 2 == 0) && s.color_type != 4 && s.color_type != 6;
-        files.push_back(make_png(s, seed++));
-      }
-    }
-  }
-  return files;
+  return testing::png_corpus(sizes, 2);
 }
 
 TEST(ImageModes, EveryPngKindMatchesLibpngThenTheSameCropResizeAndFlip) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "codec/image_codec.h"
+#include "image_writer_checks.h"
 #include "png_reference.h"
 #include "png_writer.h"
 #include "test_support.h"
@@ -22,6 +23,7 @@
 namespace conveyor {
 namespace {
 
+using testing::error_of;
 using testing::expected_row;
 using testing::make_png;
 using testing::PngFile;
@@ -31,63 +33,25 @@ using testing::reference_of;
 using testing::TempDir;
 using testing::write_bytes;
 
-std::vector<uint8_t> written(ImageWriter& writer, const std::vector<uint8_t>& file,
-                             const SampleContext& ctx) {
-  const int side = writer.transform().size;
-  std::vector<uint8_t> row(static_cast<size_t>(side) * side * 3);
-  writer.write(file.data(), file.size(), ctx, reinterpret_cast<std::byte*>(row.data()));
-  return row;
-}
-
 // Every kind at odd sizes, interlaced or not, with and without tRNS.
 std::vector<PngFile> corpus() {
-  std::vector<PngFile> files;
   const int sizes[][2] = {{1, 1}, {1, 7}, {9, 1}, {5, 3}, {17, 13}, {33, 31}, {64, 41}};
-  uint64_t seed = 1;
-  for (PngSpec kind : testing::every_png_kind()) {
-    for (const auto& wh : sizes) {
-      for (int interlaced = 0; interlaced < 2; ++interlaced) {
-        PngSpec s = kind;
-        s.width = wh[0];
-        s.height = wh[1];
-        s.interlaced = interlaced != 0;
-        s.transparency = (seed % 3 == 0) && s.color_type != 4 && s.color_type != 6;
-        files.push_back(make_png(s, seed++));
-      }
-    }
-  }
-  return files;
+  return testing::png_corpus(sizes, 3);
 }
 
 TEST(PngImageWriter, EveryKindMatchesLibpngThenTheSameCropResizeAndFlip) {
   const std::vector<PngFile> files = corpus();
   ASSERT_EQ(files.size(), 15u * 7 * 2);
-  ImageTransform train = ImageTransform::train(7);
-  train.flip_probability = 0.5;
-  ImageTransform eval = ImageTransform::eval(12, 14);
-  ImageTransform whole = ImageTransform::train(16);
-  whole.mode = ImageTransform::Mode::kResize;
-  // One writer per transform for the whole corpus: decoders are reused across files and formats.
-  std::vector<ImageWriter> writers;
-  for (const ImageTransform& t : {train, eval, whole}) writers.emplace_back(t);
-  size_t compared = 0, flipped = 0;
+  std::vector<ImageWriter> writers = testing::checked_writers();
+  testing::RowCounts counts;
   for (const PngFile& f : files) {
     const Reference ref = reference_of(f);
     ASSERT_EQ(ref.width, f.spec.width);
-    for (ImageWriter& writer : writers) {
-      for (size_t index = 0; index < 6; ++index) {
-        const SampleContext ctx{0, index, 11 + index, index % 2};
-        ASSERT_EQ(written(writer, f.bytes, ctx), expected_row(ref, writer.transform(), ctx))
-            << describe(f.spec) << ", index " << index;
-        ++compared;
-        flipped +=
-            choose_crop(writer.transform(), ref.width, ref.height, ctx.seed, ctx.epoch, ctx.index)
-                .flip;
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        testing::expect_rows_match(writers, f.bytes, ref, 6, 11, describe(f.spec), counts));
   }
-  EXPECT_EQ(compared, files.size() * 18);
-  EXPECT_GT(flipped, compared / 8);
+  EXPECT_EQ(counts.compared, files.size() * 18);
+  EXPECT_GT(counts.flipped, counts.compared / 8);
 }
 
 // The region decode itself is exact: every region of a full decode, at full size (no scaling).
@@ -112,18 +76,7 @@ TEST(PngDecoder, RegionsAreThoseOfTheFullDecode) {
                     ? 3
                     : testing::png_channels(f.spec.color_type));
       const DecodedImage image = d->finish_region(x, y, w, h, w, h);
-      ASSERT_EQ(image.width, w);
-      ASSERT_EQ(image.height, h);
-      ASSERT_EQ(image.channels, 3);
-      for (int r = 0; r < h; ++r) {
-        for (int c = 0; c < w; ++c) {
-          for (int ch = 0; ch < 3; ++ch) {
-            ASSERT_EQ(image.pixels[r * image.stride + c * 3 + ch],
-                      ref.rgbx[((static_cast<size_t>(y) + r) * f.spec.width + x + c) * 4 + ch])
-                << describe(f.spec) << " region " << x << "," << y << " " << w << "x" << h;
-          }
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(testing::expect_region_of(ref, image, x, y, w, h, describe(f.spec)));
     }
   }
 }
@@ -199,15 +152,6 @@ TEST(PngDecoder, SixteenBitSamplesAreRoundedToTheNearestEightBitValue) {
   for (int i = 0; i < 6; ++i) {
     for (int c = 0; c < 3; ++c) EXPECT_EQ(image.pixels[i * 3 + c], expected[i]) << values[i];
   }
-}
-
-std::string error_of(ImageWriter& writer, const std::vector<uint8_t>& file) {
-  try {
-    written(writer, file, SampleContext{});
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(PngImageWriter, AHugeDeclaredSizeIsRefusedBeforeDecoding) {

@@ -182,6 +182,28 @@ inline PngFile make_png(const PngSpec& spec, uint64_t seed) {
   return f;
 }
 
+// A corpus: every kind (every_png_kind) at each (width, height) of `sizes`, plain then
+// interlaced, made with seeds 1, 2, ... in that order; of the kinds that take a tRNS chunk (gray,
+// RGB, palette), the files whose seed is a multiple of `trns_every` have one.
+template <size_t N>
+std::vector<PngFile> png_corpus(const int (&sizes)[N][2], uint64_t trns_every) {
+  std::vector<PngFile> files;
+  uint64_t seed = 1;
+  for (PngSpec kind : every_png_kind()) {
+    for (const auto& wh : sizes) {
+      for (int interlaced = 0; interlaced < 2; ++interlaced) {
+        PngSpec s = kind;
+        s.width = wh[0];
+        s.height = wh[1];
+        s.interlaced = interlaced != 0;
+        s.transparency = (seed % trns_every == 0) && s.color_type != 4 && s.color_type != 6;
+        files.push_back(make_png(s, seed++));
+      }
+    }
+  }
+  return files;
+}
+
 // The file of `spec` holding `samples` (height x width x channels, each below 2^bit_depth); a
 // palette's colours and a tRNS chunk, where asked, drawn from a fixed seed.
 inline std::vector<uint8_t> png_of_samples(const PngSpec& spec,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "codec/image_codec.h"
+#include "image_writer_checks.h"
 #include "png_reference.h"
 #include "shards_test_support.h"
 #include "test_support.h"
@@ -27,6 +28,7 @@ namespace conveyor {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::error_of;
 using testing::expected_row;
 using testing::Reference;
 using testing::TempDir;
@@ -81,51 +83,18 @@ std::vector<WebpFile> corpus() {
   ASSERT_EQ(pillow().error, "") << "webp_write.py failed (" << CONVEYOR_VENV_PYTHON << ")"; \
   ASSERT_EQ(pillow().kinds.size(), 28u)
 
-std::vector<uint8_t> written(ImageWriter& writer, const std::vector<uint8_t>& file,
-                             const SampleContext& ctx) {
-  const int side = writer.transform().size;
-  std::vector<uint8_t> row(static_cast<size_t>(side) * side * 3);
-  writer.write(file.data(), file.size(), ctx, reinterpret_cast<std::byte*>(row.data()));
-  return row;
-}
-
-std::string error_of(ImageWriter& writer, const std::vector<uint8_t>& file) {
-  try {
-    written(writer, file, SampleContext{});
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(WebpImageWriter, EveryKindMatchesLibwebpThenTheSameCropResizeAndFlip) {
   ASSERT_PILLOW_WROTE();
   const std::vector<WebpFile> files = corpus();
   ASSERT_EQ(files.size(), 32u + 28u);
-  ImageTransform train = ImageTransform::train(7);
-  train.flip_probability = 0.5;
-  ImageTransform eval = ImageTransform::eval(12, 14);
-  ImageTransform whole = ImageTransform::train(16);
-  whole.mode = ImageTransform::Mode::kResize;
-  std::vector<ImageWriter> writers;
-  for (const ImageTransform& t : {train, eval, whole}) writers.emplace_back(t);
-  size_t compared = 0, flipped = 0;
+  std::vector<ImageWriter> writers = testing::checked_writers();
+  testing::RowCounts counts;
   for (const WebpFile& f : files) {
-    const Reference ref = webp_reference(f);
-    for (ImageWriter& writer : writers) {
-      for (size_t index = 0; index < 12; ++index) {
-        const SampleContext ctx{0, index, 31 + index, index % 2};
-        ASSERT_EQ(written(writer, f.bytes, ctx), expected_row(ref, writer.transform(), ctx))
-            << f.name << ", index " << index;
-        ++compared;
-        flipped +=
-            choose_crop(writer.transform(), ref.width, ref.height, ctx.seed, ctx.epoch, ctx.index)
-                .flip;
-      }
-    }
+    ASSERT_NO_FATAL_FAILURE(
+        testing::expect_rows_match(writers, f.bytes, webp_reference(f), 12, 31, f.name, counts));
   }
-  EXPECT_EQ(compared, files.size() * 36);
-  EXPECT_GT(flipped, compared / 8);
+  EXPECT_EQ(counts.compared, files.size() * 36);
+  EXPECT_GT(counts.flipped, counts.compared / 8);
 }
 
 // libwebp's cropping starts at even x and y; the decoder's regions at odd ones too equal the full
@@ -151,18 +120,7 @@ TEST(WebpDecoder, RegionsAreThoseOfTheFullDecodeAtOddAndEvenOrigins) {
       odd_x += x % 2;
       odd_y += y % 2;
       const DecodedImage image = d->finish_region(x, y, w, h, w, h);
-      ASSERT_EQ(image.width, w);
-      ASSERT_EQ(image.height, h);
-      ASSERT_EQ(image.channels, 3);
-      for (int r = 0; r < h; ++r) {
-        for (int c = 0; c < w; ++c) {
-          for (int ch = 0; ch < 3; ++ch) {
-            ASSERT_EQ(image.pixels[r * image.stride + c * 3 + ch],
-                      ref.rgbx[((static_cast<size_t>(y) + r) * ref.width + x + c) * 4 + ch])
-                << f.name << " region " << x << "," << y << " " << w << "x" << h;
-          }
-        }
-      }
+      ASSERT_NO_FATAL_FAILURE(testing::expect_region_of(ref, image, x, y, w, h, f.name));
     }
   }
   EXPECT_GT(odd_x, 100u);

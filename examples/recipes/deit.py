@@ -19,12 +19,14 @@ policy is (timm's create_transform):
 """
 from __future__ import annotations
 
-import argparse
 import os
-import tempfile
-import time
+import sys
 
 import conveyor
+
+if (here := os.path.dirname(os.path.abspath(__file__))) not in sys.path:
+    sys.path.insert(0, here)  # recipe_main.py beside this file, also when loaded by path
+import recipe_main  # noqa: E402
 
 aug = conveyor.augment
 
@@ -52,32 +54,7 @@ def make_loader(root: str, *, batch_size: int = 256, num_workers=None, seed: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", help="an ImageFolder (default: a generated one)")
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--batches", type=int, default=10, help="batches to run (0: an epoch)")
-    parser.add_argument("--device", default=None)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = args.data
-        if root is None:
-            root = os.path.join(tmp, "folder")
-            conveyor.generate_image_folder(root, classes=10, images_per_class=80)
-        loader = make_loader(root, batch_size=args.batch_size, num_workers=args.workers,
-                             image_size=args.size, selected_round=0, device=args.device)
-        start = time.perf_counter()
-        seen = 0
-        for step, (images, targets) in enumerate(loader):
-            seen += images.shape[0]
-            print(f"batch {step}: images {tuple(images.shape)} {images.dtype}, "
-                  f"targets {tuple(targets.shape)} (rows sum to "
-                  f"{float(targets.sum(1).mean()):.3f})", flush=True)
-            if args.batches and step + 1 >= args.batches:
-                break
-        elapsed = time.perf_counter() - start
-        print(f"{seen} images in {elapsed:.2f} s ({seen / elapsed:,.0f} images/s)")
+    recipe_main.run(__doc__, make_loader, recipe_main.describe_soft_targets, selected_round=0)
 
 
 if __name__ == "__main__":

@@ -22,11 +22,14 @@ not torch's global RNG.
 """
 from __future__ import annotations
 
-import argparse
-import tempfile
-import time
+import os
+import sys
 
 import conveyor
+
+if (here := os.path.dirname(os.path.abspath(__file__))) not in sys.path:
+    sys.path.insert(0, here)  # recipe_main.py beside this file, also when loaded by path
+import recipe_main  # noqa: E402
 
 aug = conveyor.augment
 
@@ -68,33 +71,16 @@ def make_loader(root: str, *, batch_size: int = 64, num_workers=None, seed: int 
                                batch_transform=transform, **loader_options)
 
 
+def describe(batch) -> tuple[int, str]:
+    """A batch's image count and the shapes of its views."""
+    return batch["global"].shape[0], (f"global {tuple(batch['global'].shape)}, "
+                                      f"local {tuple(batch['local'].shape)} "
+                                      f"{batch['local'].dtype}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", help="an ImageFolder (default: a generated one)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--batches", type=int, default=5, help="batches to run (0: an epoch)")
-    parser.add_argument("--device", default=None)
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        root = args.data
-        if root is None:
-            root = f"{tmp}/folder"
-            conveyor.generate_image_folder(root, classes=4, images_per_class=40)
-        loader = make_loader(root, batch_size=args.batch_size, num_workers=args.workers,
-                             image_size=args.size, device=args.device)
-        start = time.perf_counter()
-        seen = 0
-        for step, batch in enumerate(loader):
-            seen += batch["global"].shape[0]
-            print(f"batch {step}: global {tuple(batch['global'].shape)}, "
-                  f"local {tuple(batch['local'].shape)} {batch['local'].dtype}", flush=True)
-            if args.batches and step + 1 >= args.batches:
-                break
-        elapsed = time.perf_counter() - start
-        print(f"{seen} images ({seen * 10} views) in {elapsed:.2f} s "
-              f"({seen / elapsed:,.1f} images/s)")
+    recipe_main.run(__doc__, make_loader, describe, batch_size=64, batches=5, classes=4,
+                    images_per_class=40, views=10)
 
 
 if __name__ == "__main__":
