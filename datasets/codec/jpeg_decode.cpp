@@ -294,8 +294,9 @@ struct JpegDecoder::State {
     g.crop_w = static_cast<JDIMENSION>(dx1 - dx0);
     const bool cropped = g.crop_w < cinfo.output_width;
     if (cropped) jpeg_crop_scanline(&cinfo, &g.crop_x, &g.crop_w);
+    // The small JPEG of a file's restart segments differs with each box: not indexed.
     detail::EntropyIndexStore* index =
-        options.entropy_index ? &options.entropy_index->store() : nullptr;
+        options.entropy_index && source == file ? &options.entropy_index->store() : nullptr;
     if (!(own_entropy &&
           column_discard.install_own(&cinfo, g.crop_x, g.crop_w, options.discard_outside_crop,
                                      index, source, source_size)) &&

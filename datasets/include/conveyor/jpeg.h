@@ -62,7 +62,8 @@ class EntropyIndexStore;
 // within it, where its decode passes; a later decode of the same bytes starts each of the crop's
 // MCU rows at the saved state nearest at or before the crop's first column, and parses nothing
 // above the crop. An index fills up over epochs: the first decode of a file parses what it parses
-// without one. A 500x375 4:2:0 photo's entry holds 96 states of 12 bytes (about 1.3 KB with its
+// without one. A file decoded from the restart segments that cover the box
+// (DecodeOptions::restart_segments) needs no index and is not indexed. A 500x375 4:2:0 photo's entry holds 96 states of 12 bytes (about 1.3 KB with its
 // bookkeeping, about 1% of the file; BENCHMARKS.md).
 //
 // Requires: shared by any number of JpegDecoders, in any threads (one lock around each file's
