@@ -63,8 +63,9 @@ class EntropyIndexStore;
 // MCU rows at the saved state nearest at or before the crop's first column, and parses nothing
 // above the crop. An index fills up over epochs: the first decode of a file parses what it parses
 // without one. A file decoded from the restart segments that cover the box
-// (DecodeOptions::restart_segments) needs no index and is not indexed. A 500x375 4:2:0 photo's entry holds 96 states of 12 bytes (about 1.3 KB with its
-// bookkeeping, about 1% of the file; BENCHMARKS.md).
+// (DecodeOptions::restart_segments) needs no index and is not indexed. A 500x375 4:2:0 photo's
+// entry holds 96 states of 12 bytes (about 1.3 KB with its bookkeeping, 1.2-1.4% of the files
+// measured; BENCHMARKS.md).
 //
 // Requires: shared by any number of JpegDecoders, in any threads (one lock around each file's
 // look-up and store, never held while decoding). Without the own decoder it is unused.
