@@ -167,6 +167,10 @@ BenchConfig parse_command_line(int argc, char** argv) {
   app.add_flag("--own-entropy", c.own_entropy_decoder,
                "Conveyor decodes baseline JPEG scans with its own entropy decoder\n"
                "(DecodeOptions::own_entropy_decoder; the same pixels, off by default)");
+  app.add_option("--entropy-index-mib", c.entropy_index_mib,
+                 "with --own-entropy: the budget of the per-file entropy index Conveyor's run\n"
+                 "shares across its workers, in MiB (JpegEntropyIndex; default 64, 0: none)")
+      ->type_name("M");
   app.add_flag("--streaming", c.streaming,
                "read tar shards in streaming mode (whole shards in order through a shuffle buffer\n"
                "of 1000) instead of at random through their index");

@@ -124,6 +124,9 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   ImageTransform transform = ImageTransform::train(config.crop);
   transform.discard_outside_crop = config.discard_outside_crop;
   transform.own_entropy_decoder = config.own_entropy_decoder;
+  if (config.own_entropy_decoder && config.entropy_index_mib > 0) {
+    transform.entropy_index = std::make_shared<JpegEntropyIndex>(config.entropy_index_mib << 20);
+  }
   std::shared_ptr<ImageSource> source = open_source(config.data, transform, config.streaming);
   LoaderOptions o;
   o.batch_size = config.batch_size;
@@ -150,6 +153,8 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   const double t0 = now_seconds();
   const double cpu0 = process_cpu_seconds();
   double last = t0;
+  double epoch1_end = t0;
+  uint64_t epoch1_images = 0;
   for (size_t e = 0; e < config.epochs; ++e) {
     for (Batch& b : loader) {
       r.images += b.size();
@@ -157,6 +162,10 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
       intervals.push_back((t - last) * 1000.0);
       last = t;
       progress.update(r.images);
+    }
+    if (e == 0) {
+      epoch1_end = last;
+      epoch1_images = r.images;
     }
   }
   if (o.device.is_cuda()) {
@@ -188,6 +197,17 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
     }
   }
   r.extra["fill_seconds"] = s.fill_seconds;
+  if (config.epochs > 1 && epoch1_end > t0 && last > epoch1_end) {
+    // Epoch 1 and the later epochs apart (the entropy index fills during epoch 1).
+    r.extra["epoch1_images_per_s"] = static_cast<double>(epoch1_images) / (epoch1_end - t0);
+    r.extra["later_epochs_images_per_s"] =
+        static_cast<double>(r.images - epoch1_images) / (last - epoch1_end);
+  }
+  if (transform.entropy_index) {
+    r.extra["entropy_index_bytes_per_file"] =
+        static_cast<double>(transform.entropy_index->bytes()) /
+        static_cast<double>(std::max<size_t>(1, transform.entropy_index->files()));
+  }
   const ImageSource::WorkTime work = source->work_time();
   r.time_split["read"] = work.read_seconds;
   r.time_split["decode"] = work.decode_seconds;

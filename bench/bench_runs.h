@@ -75,6 +75,9 @@ struct BenchConfig {
   // --own-entropy: ImageTransform::own_entropy_decoder of Conveyor's runs (the own baseline JPEG
   // entropy decoder).
   bool own_entropy_decoder = false;
+  // --entropy-index-mib: with --own-entropy, the budget of the JpegEntropyIndex that Conveyor's
+  // run shares across its workers (a fresh one each round); 0: none.
+  size_t entropy_index_mib = 64;
   // --compare stock-entropy (with --own-entropy): one more reference run,
   // "conveyor:stock-entropy": Conveyor on `data` with the own entropy decoder off, in the same
   // rounds (the own decoder's ratio).

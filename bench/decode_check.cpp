@@ -3,6 +3,7 @@
 //
 //   conveyor-decode-check [--data DIR] [--pairs N] [--threads T] [--seed S]
 //                         [--write-corpus DIR] [--max-report K] [--own-entropy]
+//                         [--entropy-index]
 //
 // Without --data it checks a generated corpus that covers baseline, progressive and arithmetic
 // coding; 4:4:4, 4:2:2, 4:2:0, 4:4:0 and 4:1:1; gray, RGB, CMYK (with and without the Adobe
@@ -39,7 +40,10 @@
 //
 // With --own-entropy every decoder and writer runs the own baseline entropy decoder
 // (DecodeOptions::own_entropy_decoder) against the same references; the counts of regions it took
-// and of those it refused midway (decoded again on libjpeg's path) are printed.
+// and of those it refused midway (decoded again on libjpeg's path) are printed. With
+// --entropy-index as well, every decoder and writer of every thread shares one JpegEntropyIndex
+// (issue 35, step 3): the pairs draw their files from the corpus at random, so each file is
+// decoded many times, and the decodes after its first start from its entry (counted).
 //
 // Threads reuse their decoders and writers across files taken in random order, so that state
 // carried from one decode to the next is exercised. The last line reads
@@ -93,6 +97,8 @@ struct Config {
   std::string write_corpus;
   size_t max_report = 20;
   bool own_entropy = false;  // DecodeOptions::own_entropy_decoder in every decoder and writer
+  // --entropy-index: DecodeOptions::entropy_index, shared by every decoder and writer
+  std::shared_ptr<JpegEntropyIndex> entropy_index;
 };
 
 [[noreturn]] void usage(const std::string& error) {
@@ -105,6 +111,7 @@ struct Config {
   --write-corpus DIR  write the generated corpus into DIR as .jpg files and exit
   --max-report K      mismatches reported in full (default 20)
   --own-entropy       decode with the own JPEG entropy decoder (DecodeOptions::own_entropy_decoder)
+  --entropy-index     with --own-entropy: one JpegEntropyIndex shared by every decoder
 )";
   std::exit(error.empty() ? 0 : 2);
 }
@@ -138,12 +145,15 @@ Config parse(int argc, char** argv) {
       c.max_report = number();
     } else if (a == "--own-entropy") {
       c.own_entropy = true;
+    } else if (a == "--entropy-index") {
+      c.entropy_index = std::make_shared<JpegEntropyIndex>();
     } else if (a == "--help" || a == "-h") {
       usage("");
     } else {
       usage("unknown option " + a);
     }
   }
+  if (c.entropy_index && !c.own_entropy) usage("--entropy-index needs --own-entropy");
   return c;
 }
 
@@ -452,6 +462,7 @@ struct Stats {
   uint64_t region_discard_hooked = 0;   // region checks decoded through the discard hook
   uint64_t region_own_entropy = 0;      // region checks decoded by the own entropy decoder
   uint64_t region_own_retried = 0;      // ... that it refused midway (decoded again by libjpeg)
+  uint64_t region_index_found = 0;      // ... that started from the file's entropy index entry
   uint64_t oriented = 0;
   uint64_t scaled_samples = 0;
   double scaled_psnr_sum = 0;
@@ -462,6 +473,7 @@ struct Stats {
     region_discard_hooked += o.region_discard_hooked;
     region_own_entropy += o.region_own_entropy;
     region_own_retried += o.region_own_retried;
+    region_index_found += o.region_index_found;
     sample_checks += o.sample_checks;
     skipped += o.skipped;
     max_abs_diff = std::max(max_abs_diff, o.max_abs_diff);
@@ -504,7 +516,7 @@ struct DecoderSet {
   DecodeOptions options;
 };
 
-std::vector<DecoderSet> decoder_sets(bool own_entropy) {
+std::vector<DecoderSet> decoder_sets(const Config& config) {
   std::vector<DecoderSet> sets;
   for (const bool fast : {true, false}) {
     for (const bool any : {false, true}) {
@@ -526,13 +538,16 @@ std::vector<DecoderSet> decoder_sets(bool own_entropy) {
     o.discard_outside_crop = false;
     sets.push_back({fast ? "RGBX fast, no discard hook" : "RGB fancy, no discard hook", o});
   }
-  for (auto& set : sets) set.options.own_entropy_decoder = own_entropy;
+  for (auto& set : sets) {
+    set.options.own_entropy_decoder = config.own_entropy;
+    set.options.entropy_index = config.entropy_index;
+  }
   return sets;
 }
 
 // The transforms each thread's ImageWriters apply; a writer, like a loader worker, keeps its
 // decoder across files.
-std::vector<ImageTransform> transforms(bool own_entropy) {
+std::vector<ImageTransform> transforms(const Config& config) {
   std::vector<ImageTransform> t;
   for (const int size : {1, 7, 32, 64, 112, 224, 333}) {
     for (const auto layout : {ImageLayout::kCHW, ImageLayout::kHWC}) {
@@ -550,7 +565,10 @@ std::vector<ImageTransform> transforms(bool own_entropy) {
     whole.exif_orientation = size % 3 == 0;
     t.push_back(whole);
   }
-  for (auto& transform : t) transform.own_entropy_decoder = own_entropy;
+  for (auto& transform : t) {
+    transform.own_entropy_decoder = config.own_entropy;
+    transform.entropy_index = config.entropy_index;
+  }
   return t;
 }
 
@@ -564,11 +582,11 @@ class Checker {
         rng_(config.seed, 0xC0FFEE, thread),
         report_mutex_(report_mutex),
         reported_(reported) {
-    for (const auto& s : decoder_sets(config.own_entropy)) {
+    for (const auto& s : decoder_sets(config)) {
       sets_.push_back(s);
       decoders_.emplace_back(DecodeLimits{}, s.options);
     }
-    for (const auto& t : transforms(config.own_entropy)) writers_.emplace_back(t);
+    for (const auto& t : transforms(config)) writers_.emplace_back(t);
   }
 
   void run(uint64_t pairs) {
@@ -671,6 +689,7 @@ class Checker {
     if (entropy.path == JpegEntropyPath::kDiscardOutsideCrop) ++stats.region_discard_hooked;
     if (entropy.path == JpegEntropyPath::kOwnDecoder) ++stats.region_own_entropy;
     if (entropy.own_decoder_retried) ++stats.region_own_retried;
+    if (entropy.index_found) ++stats.region_index_found;
     std::string ref_error;
     auto ref = cache_.get(f, image.scale, sets_[s].options.fast_upsampling, ref_error);
     if (!ref) {
@@ -911,7 +930,7 @@ CodecStats check_codec(const char* codec, const Config& config, uint64_t samples
   CodecStats stats;
   stats.files = files.size();
   std::vector<ImageWriter> writers;
-  for (const ImageTransform& t : transforms(config.own_entropy)) writers.emplace_back(t);
+  for (const ImageTransform& t : transforms(config)) writers.emplace_back(t);
   SampleRng rng(config.seed, 0x9E6, 0);
   for (uint64_t i = 0; i < samples; ++i) {
     const size_t f = static_cast<size_t>(rng.randint(0, static_cast<int>(files.size())));
@@ -1026,6 +1045,11 @@ int run(const Config& config) {
   if (config.own_entropy) {
     std::cout << "regions through the own entropy decoder: " << total.region_own_entropy
               << " (refused midway and decoded by libjpeg: " << total.region_own_retried << ")\n";
+  }
+  if (config.entropy_index) {
+    std::cout << "regions started from the file's entropy index entry: " << total.region_index_found
+              << "; the index holds " << config.entropy_index->files() << " files in "
+              << config.entropy_index->bytes() << " bytes\n";
   }
   std::cout << "regions by DCT scale:";
   for (int s = 1; s <= 8; ++s) std::cout << " " << s << "/8: " << total.region_scale_count[s];

@@ -184,6 +184,14 @@ grep -Eq "^conveyor:no-discard +[0-9.]+ +20 " "$tmp/stdout" ||
   fail "--own-entropy --compare stock-entropy failed: $(cat "$tmp/stderr")"
 grep -Eq "^conveyor:stock-entropy +[0-9.]+ +20 " "$tmp/stdout" ||
   fail "no conveyor:stock-entropy row: $(cat "$tmp/stdout")"
+# With --epochs 2 and the ceiling, epoch 1 (the entropy index filling) and the later epochs are
+# reported apart against it, and the index's size per file.
+"$bench" --data "$folder" --batch-size 8 --workers 2 --epochs 2 --rounds 1 --device cpu \
+  --own-entropy --compare ceiling >"$tmp/stdout" 2>"$tmp/stderr" ||
+  fail "--own-entropy --epochs 2 --compare ceiling failed: $(cat "$tmp/stderr")"
+for key in epoch1_over_ceiling later_epochs_over_ceiling entropy_index_bytes_per_file; do
+  grep -Eq "^$key [0-9.]+$" "$tmp/stdout" || fail "no $key line: $(cat "$tmp/stdout")"
+done
 if "$bench" --data "$folder" --epochs 1 --compare stock-entropy >"$tmp/stdout" 2>"$tmp/stderr"; then
   fail "--compare stock-entropy without --own-entropy exited 0"
 fi

@@ -11,7 +11,9 @@
 // scales; libjpeg's result (pixels or error) when it refuses a scan midway; taken for baseline
 // files only; and libjpeg's source handed back at EOI after a whole scan. All of this file clean
 // under ASan and UBSan again at 20:36 UTC (jpeg_decode.cpp and jpeg_column_discard.cpp compiled
-// so too).
+// so too). Then the per-file index (JpegEntropyIndex, issue 35 step 3): libjpeg's bytes on every
+// kind of file decoded again and again with random boxes, fewer MCUs parsed once a file's entry
+// exists, corrupted entries never changing pixels, and the byte budget.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,12 +21,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "codec/jpeg_column_discard.h"
 #include "codec/jpeg_entropy.h"
+#include "codec/jpeg_entropy_index.h"
 #include "codec/libjpeg_errors.h"
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
@@ -399,7 +403,11 @@ DecodeOptions stock(DecodeOptions o) {
 // The same bytes as libjpeg-turbo's path: every sampling, tables, restart interval and size of
 // EveryKindOfFileBlockForBlock, plus photo-like files, random boxes at random scales, under each
 // option set, by decoders reused across files. The own decoder takes every one of them.
-TEST(JpegOwnEntropy, DecodesTheSameBytesAsLibjpegOnEveryKindOfFile) {
+using NamedFiles = std::vector<std::pair<std::string, std::vector<uint8_t>>>;
+
+// Every sampling, tables, restart interval and size of EveryKindOfFileBlockForBlock, plus
+// photo-like files.
+NamedFiles own_decoder_corpus() {
   struct Sampling {
     int components, h, v;
     bool ycck;
@@ -408,7 +416,7 @@ TEST(JpegOwnEntropy, DecodesTheSameBytesAsLibjpegOnEveryKindOfFile) {
                                 {3, 1, 2, false}, {3, 4, 1, false}, {1, 1, 1, false},
                                 {4, 1, 1, false}, {4, 2, 2, true},  {1, 2, 2, false}};
   const int sizes[][2] = {{1, 1}, {7, 9}, {17, 33}, {64, 48}, {99, 257}, {333, 17}};
-  std::vector<std::pair<std::string, std::vector<uint8_t>>> files;
+  NamedFiles files;
   uint64_t seed = 0;
   for (const auto& s : samplings) {
     for (const auto& size : sizes) {
@@ -430,6 +438,11 @@ TEST(JpegOwnEntropy, DecodesTheSameBytesAsLibjpegOnEveryKindOfFile) {
     files.emplace_back("photo 500x375 q" + std::to_string(quality),
                        make_photo_jpeg(500, 375, static_cast<uint64_t>(quality), quality));
   }
+  return files;
+}
+
+TEST(JpegOwnEntropy, DecodesTheSameBytesAsLibjpegOnEveryKindOfFile) {
+  const NamedFiles files = own_decoder_corpus();
   const auto sets = own_option_sets();
   std::vector<JpegDecoder> own, libjpeg;
   for (const auto& [name, o] : sets) {
@@ -726,6 +739,208 @@ TEST(JpegOwnEntropy, HandsLibjpegsSourceBackAtEoi) {
       EXPECT_TRUE(own == libjpeg);
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The per-file index (JpegEntropyIndex, issue 35 step 3).
+
+// Each file of the corpus decoded several times with random boxes by own decoders sharing one
+// index: the bytes of libjpeg's path every time; the index is found from the second decode of a
+// file on, and the own decoder parses fewer MCUs with it than without it on the same boxes.
+TEST(JpegEntropyIndex, RepeatedRandomCropsGiveLibjpegsBytes) {
+  const NamedFiles files = own_decoder_corpus();
+  const auto sets = own_option_sets();
+  auto index = std::make_shared<JpegEntropyIndex>();
+  std::vector<JpegDecoder> indexed, own, libjpeg;
+  for (const auto& [name, o] : sets) {
+    DecodeOptions with_index = o;
+    with_index.entropy_index = index;
+    indexed.emplace_back(DecodeLimits{}, with_index);
+    own.emplace_back(DecodeLimits{}, o);
+    libjpeg.emplace_back(DecodeLimits{}, stock(o));
+  }
+  SampleRng rng(35, 3, 0);
+  uint64_t compared = 0, found = 0, parsed_indexed = 0, parsed_own = 0;
+  uint64_t whole_files = 0, found_whole = 0, parsed_whole_indexed = 0, parsed_whole_own = 0;
+  size_t file_bytes = 0;
+  for (const auto& [name, file] : files) {
+    JpegHeader header = own[0].read_header(file.data(), file.size());
+    file_bytes += file.size();
+    for (int trial = 0; trial < 5; ++trial) {
+      const size_t s = static_cast<size_t>(rng.next() % sets.size());
+      const Box b = random_box(rng, header.width, header.height);
+      SCOPED_TRACE(name + ", " + sets[s].first + ", trial " + std::to_string(trial) + ", box " +
+                   std::to_string(b.x) + "," + std::to_string(b.y) + " " + std::to_string(b.w) +
+                   "x" + std::to_string(b.h) + " min " + std::to_string(b.min_w) + "x" +
+                   std::to_string(b.min_h));
+      const Outcome got = decode_box(indexed[s], file, b);
+      const Outcome plain = decode_box(own[s], file, b);
+      const Outcome want = decode_box(libjpeg[s], file, b);
+      ASSERT_TRUE(want.error.empty()) << want.error;
+      ASSERT_TRUE(got == want) << "at " << want.scale << "/8: " << got.error;
+      ASSERT_EQ(got.stats.path, JpegEntropyPath::kOwnDecoder);
+      ASSERT_FALSE(got.stats.own_decoder_retried);
+      ASSERT_LE(got.stats.mcus_parsed, plain.stats.mcus_parsed);
+      if (trial == 0) {
+        // The first decode parses what the own decoder parses without an index.
+        ASSERT_FALSE(got.stats.index_found);
+        ASSERT_EQ(got.stats.mcus_parsed, plain.stats.mcus_parsed);
+      }
+      found += got.stats.index_found ? 1 : 0;
+      parsed_indexed += got.stats.mcus_parsed;
+      parsed_own += plain.stats.mcus_parsed;
+      ++compared;
+      // A file without restart markers is always decoded whole (files with them may be cut to
+      // the box's segments, a different JPEG each time, under restart_segments).
+      if (name.find(" rst0 ") != std::string::npos || name.find("photo") == 0) {
+        found_whole += got.stats.index_found ? 1 : 0;
+        parsed_whole_indexed += got.stats.mcus_parsed;
+        parsed_whole_own += plain.stats.mcus_parsed;
+        ++whole_files;
+      }
+    }
+  }
+  std::printf(
+      "entropy index: %llu boxes of %zu files the same as libjpeg's, %llu with an entry; MCUs "
+      "parsed %llu with the index, %llu without; %zu bytes held for %zu files (%.2f%% of their "
+      "%zu bytes)\n",
+      static_cast<unsigned long long>(compared), files.size(),
+      static_cast<unsigned long long>(found), static_cast<unsigned long long>(parsed_indexed),
+      static_cast<unsigned long long>(parsed_own), index->bytes(), index->files(),
+      100.0 * static_cast<double>(index->bytes()) / static_cast<double>(file_bytes), file_bytes);
+  std::printf(
+      "files without restart markers: %llu decodes, %llu with an entry; MCUs parsed %llu with "
+      "the index, %llu without\n",
+      static_cast<unsigned long long>(whole_files), static_cast<unsigned long long>(found_whole),
+      static_cast<unsigned long long>(parsed_whole_indexed),
+      static_cast<unsigned long long>(parsed_whole_own));
+  EXPECT_EQ(compared, files.size() * 5);
+  // Every such file's first decode stores an entry, and the 4 later ones find it.
+  EXPECT_EQ(found_whole, whole_files / 5 * 4);
+  EXPECT_GE(index->files(), whole_files / 5);
+  EXPECT_LT(parsed_indexed, parsed_own);
+  EXPECT_LT(parsed_whole_indexed, parsed_whole_own * 8 / 10);
+}
+
+// The second decode of the same crop parses only the crop's MCUs (plus at most the step to the
+// crop's first column in each row); the entry of a 500x375 4:2:0 photo is about 1% of the file.
+TEST(JpegEntropyIndex, TheSecondDecodeParsesOnlyTheCrop) {
+  const auto file = make_photo_jpeg(500, 375, 11, 90);
+  DecodeOptions o;
+  o.own_entropy_decoder = true;
+  o.entropy_index = std::make_shared<JpegEntropyIndex>();
+  JpegDecoder d({}, o);
+  JpegDecoder libjpeg({}, stock(o));
+  // 4:2:0 at 8/8: MCUs of 16x16, 32 a row, 24 rows. The box with its one-MCU margin of fancy
+  // upsampling covers columns 17..27 and rows 13..22 (11 x 10 MCUs).
+  const Box b{300, 230, 120, 110, 120, 110};
+  const Outcome first = decode_box(d, file, b);
+  const Outcome second = decode_box(d, file, b);
+  const Outcome want = decode_box(libjpeg, file, b);
+  ASSERT_TRUE(want.error.empty());
+  EXPECT_TRUE(first == want);
+  EXPECT_TRUE(second == want);
+  EXPECT_FALSE(first.stats.index_found);
+  EXPECT_TRUE(second.stats.index_found);
+  // The first parses every MCU down to the end of the crop's last row.
+  EXPECT_EQ(first.stats.mcus_parsed, 23u * 32u);
+  // The second: from column 16 (the saved point before 17) to 27 in each of the 10 rows.
+  EXPECT_EQ(second.stats.mcus_parsed, 10u * 12u);
+  // 24 rows of 4 points (columns 0, 8, 16, 24) of 12 bytes, and the entry's bookkeeping.
+  const size_t bytes = o.entropy_index->bytes();
+  std::printf("entry of a 500x375 4:2:0 photo: %zu bytes, %.2f%% of its %zu bytes\n", bytes,
+              100.0 * static_cast<double>(bytes) / static_cast<double>(file.size()), file.size());
+  EXPECT_GE(bytes, 24u * 4u * 12u);
+  EXPECT_LT(bytes, file.size() / 50);
+  // A box further down and left: rows 13..22 come from the entry, the rows below are parsed from
+  // the last saved point (and saved for the next time).
+  const Box lower{40, 300, 60, 70, 60, 70};
+  const Outcome third = decode_box(d, file, lower);
+  EXPECT_TRUE(third == decode_box(libjpeg, file, lower));
+  EXPECT_TRUE(third.stats.index_found);
+  EXPECT_LT(third.stats.mcus_parsed, 23u * 32u);
+}
+
+// Bits flipped in stored entries (positions and DC predictors, as memory corruption would) never
+// change pixels: the entry's checksum fails, it is dropped, and the file is decoded as if it had
+// none.
+TEST(JpegEntropyIndex, CorruptedEntriesNeverChangePixels) {
+  NamedFiles files = own_decoder_corpus();
+  DecodeOptions o;
+  o.channels = 4;
+  o.fast_upsampling = true;
+  o.own_entropy_decoder = true;
+  o.entropy_index = std::make_shared<JpegEntropyIndex>();
+  JpegDecoder d({}, o);
+  JpegDecoder libjpeg({}, stock(o));
+  SampleRng rng(35, 5, 0);
+  uint64_t compared = 0, tampered = 0;
+  for (const auto& [name, file] : files) {
+    JpegHeader header = libjpeg.read_header(file.data(), file.size());
+    const Box whole{0, 0, header.width, header.height, header.width, header.height};
+    decode_box(d, file, whole);  // every point saved
+    // Flip one random bit of one random saved point of every entry.
+    o.entropy_index->store().tamper([&](detail::FileIndex& index) {
+      std::vector<size_t> saved;
+      for (size_t i = 0; i < index.points.size(); ++i) {
+        if (index.points[i].bit_position != detail::IndexPoint::kAbsent) saved.push_back(i);
+      }
+      if (saved.empty()) return;
+      detail::IndexPoint& p = index.points[saved[rng.next() % saved.size()]];
+      const int bit = static_cast<int>(rng.next() % 96);
+      if (bit < 32) {
+        p.bit_position ^= 1u << bit;
+      } else {
+        auto& dc = p.dc_predictor[static_cast<size_t>((bit - 32) / 16)];
+        dc = static_cast<int16_t>(static_cast<uint16_t>(dc) ^ (1u << ((bit - 32) % 16)));
+      }
+      ++tampered;
+    });
+    for (int trial = 0; trial < 3; ++trial) {
+      const Box b = random_box(rng, header.width, header.height);
+      SCOPED_TRACE(name + ", trial " + std::to_string(trial));
+      const Outcome got = decode_box(d, file, b);
+      const Outcome want = decode_box(libjpeg, file, b);
+      ASSERT_TRUE(got == want) << got.error;
+      // The tampered entry was dropped at the first look-up; the decode stored a fresh one.
+      if (trial == 0) {
+        ASSERT_FALSE(got.stats.index_found);
+      }
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, files.size() * 3);
+  EXPECT_GE(tampered, files.size());
+}
+
+// The budget bounds what is held; the least recently used file leaves first; 0 holds nothing.
+TEST(JpegEntropyIndex, KeepsToItsBudget) {
+  std::vector<std::vector<uint8_t>> photos;
+  for (uint64_t seed = 0; seed < 4; ++seed) photos.push_back(make_photo_jpeg(500, 375, seed, 90));
+  DecodeOptions o;
+  o.own_entropy_decoder = true;
+  o.entropy_index = std::make_shared<JpegEntropyIndex>();
+  JpegDecoder d({}, o);
+  d.decode(photos[0].data(), photos[0].size());
+  const size_t one = o.entropy_index->bytes();
+  ASSERT_GT(one, 0u);
+  // Room for two entries: the third decode leaves the least recently used (photo 1) out.
+  o.entropy_index = std::make_shared<JpegEntropyIndex>(2 * one + one / 2);
+  JpegDecoder small({}, o);
+  for (const size_t i : {0u, 1u, 0u, 2u}) small.decode(photos[i].data(), photos[i].size());
+  EXPECT_EQ(o.entropy_index->files(), 2u);
+  EXPECT_LE(o.entropy_index->bytes(), o.entropy_index->budget_bytes());
+  small.decode(photos[0].data(), photos[0].size());
+  EXPECT_TRUE(small.last_entropy_stats().index_found);
+  small.decode(photos[1].data(), photos[1].size());
+  EXPECT_FALSE(small.last_entropy_stats().index_found);
+  // Budget 0: off.
+  o.entropy_index = std::make_shared<JpegEntropyIndex>(0);
+  JpegDecoder off({}, o);
+  for (int i = 0; i < 2; ++i) off.decode(photos[3].data(), photos[3].size());
+  EXPECT_FALSE(off.last_entropy_stats().index_found);
+  EXPECT_EQ(o.entropy_index->files(), 0u);
+  EXPECT_EQ(o.entropy_index->bytes(), 0u);
 }
 
 }  // namespace

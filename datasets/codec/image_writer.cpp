@@ -66,6 +66,7 @@ DecodeOptions writer_decode_options(const ImageTransform& t) {
   o.dct_scales = t.dct_scales;
   o.discard_outside_crop = t.discard_outside_crop;
   o.own_entropy_decoder = t.own_entropy_decoder;
+  o.entropy_index = t.entropy_index;
   return o;
 }
 

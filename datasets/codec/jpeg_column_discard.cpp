@@ -48,7 +48,10 @@ bool ColumnDiscard::install(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSIO
 }
 
 bool ColumnDiscard::install_own(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w,
-                                bool discard_columns) {
+                                bool discard_columns, EntropyIndexStore* index, const uint8_t* data,
+                                size_t size) {
+  indexing_ = false;
+  index_found_ = false;
   installed_ = false;
   own_ = false;
   own_refused_ = false;
@@ -71,8 +74,89 @@ bool ColumnDiscard::install_own(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIME
   entropy->decode_mcu = &ColumnDiscard::decode_mcu_own;
   column_ = 0;
   discarded_ = 0;
+  parsed_ = 0;
+  mcu_ = 0;
+  handed_back_ = false;
+  if (index != nullptr && data != nullptr && index->budget_bytes() > 0) {
+    store_ = index;
+    index_.reset(hash_bytes(data, size), size, layout.mcus_per_row, layout.mcu_rows,
+                 layout.restart_interval, static_cast<uint32_t>(layout.components));
+    index_found_ = store_->find(index_);
+    index_changed_ = false;
+    indexing_ = true;
+  }
   installed_ = true;
   own_ = true;
+  return true;
+}
+
+void ColumnDiscard::finish_image() {
+  if (indexing_ && index_changed_ && !own_refused_) store_->merge(index_);
+  indexing_ = false;
+}
+
+bool ColumnDiscard::has_point(uint64_t mcu) const {
+  const uint64_t column = mcu % index_.mcus_per_row;
+  if (mcu / index_.mcus_per_row >= index_.mcu_rows || column % kIndexColumnStep != 0) return false;
+  const size_t point = static_cast<size_t>(mcu / index_.mcus_per_row) * index_.points_per_row +
+                       static_cast<size_t>(column / kIndexColumnStep);
+  return index_.points[point].bit_position != IndexPoint::kAbsent;
+}
+
+void ColumnDiscard::save_point() {
+  const uint64_t mcu = own_decoder_.next_mcu();
+  const uint64_t column = mcu % index_.mcus_per_row;
+  if (mcu / index_.mcus_per_row >= index_.mcu_rows || column % kIndexColumnStep != 0) return;
+  const size_t point = static_cast<size_t>(mcu / index_.mcus_per_row) * index_.points_per_row +
+                       static_cast<size_t>(column / kIndexColumnStep);
+  IndexPoint& p = index_.points[point];
+  if (p.bit_position != IndexPoint::kAbsent) return;
+  const EntropyState state = own_decoder_.state();
+  if (state.bit_position >= IndexPoint::kAbsent) return;
+  IndexPoint saved;
+  saved.bit_position = static_cast<uint32_t>(state.bit_position);
+  for (size_t c = 0; c < state.dc_predictor.size(); ++c) {
+    const int32_t dc = state.dc_predictor[c];
+    if (dc < INT16_MIN || dc > INT16_MAX) return;  // never in a valid file; not saved
+    saved.dc_predictor[c] = static_cast<int16_t>(dc);
+  }
+  p = saved;
+  index_changed_ = true;
+}
+
+bool ColumnDiscard::advance_to(uint64_t target) {
+  HuffmanScanDecoder& own = own_decoder_;
+  if (own.next_mcu() < target) {
+    // The nearest saved point at or before `target` that is ahead of the decoder.
+    const size_t last = index_.points.size() - 1;
+    const uint64_t row = target / index_.mcus_per_row;
+    size_t point = row >= index_.mcu_rows
+                       ? last
+                       : static_cast<size_t>(row) * index_.points_per_row +
+                             static_cast<size_t>(target % index_.mcus_per_row / kIndexColumnStep);
+    for (;; --point) {
+      const uint64_t mcu = index_.mcu_of(point);
+      if (mcu <= own.next_mcu()) break;
+      const IndexPoint& p = index_.points[point];
+      if (p.bit_position != IndexPoint::kAbsent) {
+        EntropyState state;
+        state.bit_position = p.bit_position;
+        state.next_mcu = mcu;
+        for (size_t c = 0; c < state.dc_predictor.size(); ++c) {
+          state.dc_predictor[c] = p.dc_predictor[c];
+        }
+        if (!own.restore(state)) return false;
+        break;
+      }
+      if (point == 0) break;
+    }
+  }
+  while (own.next_mcu() < target) {
+    save_point();
+    if (!own.skip_mcu()) return false;
+    ++parsed_;
+  }
+  save_point();
   return true;
 }
 
@@ -94,7 +178,20 @@ boolean ColumnDiscard::decode_mcu_own(j_decompress_ptr cinfo, JBLOCKROW* MCU_dat
   HuffmanScanDecoder& own = self->own_decoder_;
   const JDIMENSION column = self->column_;
   const bool discard = MCU_data != nullptr && (column < self->first_ || column > self->last_);
-  const bool decoded = MCU_data != nullptr && !discard ? own.decode_mcu(MCU_data) : own.skip_mcu();
+  const bool store = MCU_data != nullptr && !discard;
+  bool decoded = true;
+  if (!self->indexing_) {
+    decoded = store ? own.decode_mcu(MCU_data) : own.skip_mcu();
+    ++self->parsed_;
+  } else if (store) {
+    // The MCU's coefficients are needed: from the nearest saved state, or where the decoder is.
+    decoded = self->advance_to(self->mcu_) && own.decode_mcu(MCU_data);
+    ++self->parsed_;
+  } else if (column + 1 == self->mcus_per_row_ && !self->has_point(self->mcu_ + 1)) {
+    // The row's end, and the next row's start is not saved: parse up to it (as libjpeg would),
+    // which saves it. The scan's last MCU is always parsed, so the source reaches EOI.
+    decoded = self->advance_to(self->mcu_ + 1);
+  }
   if (!decoded) {
     // libjpeg's bit position is lost (it read nothing): only a new decode can take the file.
     self->own_refused_ = true;
@@ -102,7 +199,9 @@ boolean ColumnDiscard::decode_mcu_own(j_decompress_ptr cinfo, JBLOCKROW* MCU_dat
   }
   self->column_ = column + 1 == self->mcus_per_row_ ? 0 : column + 1;
   if (discard) ++self->discarded_;
-  if (own.finished()) {
+  ++self->mcu_;
+  if (own.finished() && !self->handed_back_) {
+    self->handed_back_ = true;
     // The source stands at EOI, as libjpeg's decoder leaves it after a clean scan.
     jpeg_source_mgr* src = cinfo->src;
     src->next_input_byte += own.input_bytes();

@@ -29,6 +29,13 @@
 // back standing at the EOI marker, so that libjpeg's marker reader (jpeg_finish_decompress) meets
 // it without extraneous bytes.
 //
+// With an index store (jpeg_entropy_index.h, issue 35 step 3), the own decoder parses lazily: it
+// decodes the MCUs libjpeg stores, starting each from the saved state nearest at or before it
+// when that is ahead of where the decoder stands, and parses the rest of an MCU row only when the
+// next row's start is not saved. It saves its state at every index point it passes, and
+// finish_image() adds those to the store. The first decode of a file parses what it parses
+// without the index; a later one skips every part of the scan an earlier decode parsed.
+//
 // Guarantees: installed only for a sequential (baseline or extended) Huffman-coded 8-bit file
 // whose one scan holds every component (interleaved, or a one-component file, whose MCU is one
 // block) and whose crop leaves at least one MCU column out; never for progressive,
@@ -51,6 +58,7 @@
 #include <jpeglib.h>
 
 #include "codec/jpeg_entropy.h"
+#include "codec/jpeg_entropy_index.h"
 
 namespace conveyor::detail {
 
@@ -76,7 +84,10 @@ class ColumnDiscard {
     installed_ = false;
     own_ = false;
     own_refused_ = false;
+    indexing_ = false;
+    index_found_ = false;
     discarded_ = 0;
+    parsed_ = 0;
   }
 
   // Wraps cinfo->entropy->decode_mcu when the file and the crop qualify (above); returns whether
@@ -90,10 +101,16 @@ class ColumnDiscard {
   // `discard_columns`, the MCUs outside the crop's iMCU columns are parsed without being stored,
   // as install() does; without, every MCU of a decoded row is stored. (crop_x, crop_w) is the
   // crop jpeg_crop_scanline returned, or the whole output width when there is none.
+  // With `index` (not null), the file's entry is looked up by the hash of [data, data + size),
+  // the whole data being decoded, and used and extended as above; finish_image() stores it.
   // Requires: cinfo->client_data == this; cinfo->src holds the rest of the file (jpeg_mem_src);
   // no row read or skipped yet.
   bool install_own(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w,
-                   bool discard_columns);
+                   bool discard_columns, EntropyIndexStore* index = nullptr,
+                   const uint8_t* data = nullptr, size_t size = 0);
+  // The rows asked for were read: adds the states the own decoder saved to the index store.
+  // Not called after a failed or refused decode, whose states are never stored.
+  void finish_image();
 
   // Either hook is installed (own() says which).
   bool installed() const { return installed_; }
@@ -105,6 +122,10 @@ class ColumnDiscard {
   // MCUs of the last image whose coefficients the hook discarded instead of storing (in the rows
   // libjpeg decodes; not the MCUs of rows it skips).
   uint64_t discarded() const { return discarded_; }
+  // MCUs of the last image the own decoder parsed (decoded or skipped).
+  uint64_t parsed() const { return parsed_; }
+  // The last image's file had an entry in the index store.
+  bool index_found() const { return index_found_; }
   // The iMCU columns kept, [first, last], of `mcus_per_row`; valid while installed.
   JDIMENSION first_column() const { return first_; }
   JDIMENSION last_column() const { return last_; }
@@ -116,6 +137,13 @@ class ColumnDiscard {
   bool qualifies(j_decompress_ptr cinfo, JDIMENSION crop_x, JDIMENSION crop_w);
   static boolean decode_mcu(j_decompress_ptr cinfo, JBLOCKROW* MCU_data);
   static boolean decode_mcu_own(j_decompress_ptr cinfo, JBLOCKROW* MCU_data);
+  // Brings the own decoder to MCU `target` (at or after where it stands), from the index's
+  // nearest point when that is ahead, saving its state at the points it passes. False: refused.
+  bool advance_to(uint64_t target);
+  // Saves the own decoder's state when it stands at an index point not yet saved.
+  void save_point();
+  // The index has the state before MCU `mcu`.
+  bool has_point(uint64_t mcu) const;
 
   HuffmanScanDecoder own_decoder_;  // reused across images: its tables and its copy of the scan
   boolean (*original_)(j_decompress_ptr, JBLOCKROW*) = nullptr;
@@ -123,6 +151,16 @@ class ColumnDiscard {
   JDIMENSION first_ = 0, last_ = 0;  // the MCU columns whose blocks libjpeg transforms
   JDIMENSION column_ = 0;            // of the next decode_mcu call
   uint64_t discarded_ = 0;
+  uint64_t parsed_ = 0;
+  // The index: the store, this file's entry (reused across images), the MCU libjpeg asks for
+  // next (the own decoder may stand before it).
+  EntropyIndexStore* store_ = nullptr;
+  FileIndex index_;
+  uint64_t mcu_ = 0;
+  bool indexing_ = false;
+  bool index_found_ = false;
+  bool index_changed_ = false;
+  bool handed_back_ = false;  // the source was moved to EOI
   bool installed_ = false;
   bool own_ = false;
   bool own_refused_ = false;

@@ -294,8 +294,12 @@ struct JpegDecoder::State {
     g.crop_w = static_cast<JDIMENSION>(dx1 - dx0);
     const bool cropped = g.crop_w < cinfo.output_width;
     if (cropped) jpeg_crop_scanline(&cinfo, &g.crop_x, &g.crop_w);
+    // The small JPEG of a file's restart segments differs with each box: not indexed.
+    detail::EntropyIndexStore* index =
+        options.entropy_index && source == file ? &options.entropy_index->store() : nullptr;
     if (!(own_entropy &&
-          column_discard.install_own(&cinfo, g.crop_x, g.crop_w, options.discard_outside_crop)) &&
+          column_discard.install_own(&cinfo, g.crop_x, g.crop_w, options.discard_outside_crop,
+                                     index, source, source_size)) &&
         cropped && options.discard_outside_crop) {
       column_discard.install(&cinfo, g.crop_x, g.crop_w);
     }
@@ -316,6 +320,7 @@ struct JpegDecoder::State {
       jpeg_read_scanlines(&cinfo, rows.data() + done,
                           static_cast<JDIMENSION>(g.dy1) - cinfo.output_scanline);
     }
+    column_discard.finish_image();
     // Rows below the region are never decoded.
     abort();
     return true;
@@ -431,6 +436,13 @@ int dct_scale_for(int width, int height, int min_width, int min_height,
 
 }  // namespace detail
 
+JpegEntropyIndex::JpegEntropyIndex(size_t budget_bytes)
+    : store_(std::make_unique<detail::EntropyIndexStore>(budget_bytes)) {}
+JpegEntropyIndex::~JpegEntropyIndex() = default;
+size_t JpegEntropyIndex::budget_bytes() const { return store_->budget_bytes(); }
+size_t JpegEntropyIndex::bytes() const { return store_->bytes(); }
+size_t JpegEntropyIndex::files() const { return store_->files(); }
+
 JpegDecoder::JpegDecoder(DecodeLimits limits, DecodeOptions options)
     : state_(std::make_unique<State>(limits, options)) {}
 JpegDecoder::~JpegDecoder() = default;
@@ -458,6 +470,8 @@ JpegEntropyStats JpegDecoder::last_entropy_stats() const {
   stats.path = state_->entropy_path;
   stats.mcus_discarded = state_->column_discard.discarded();
   stats.own_decoder_retried = state_->own_entropy_retried;
+  stats.mcus_parsed = state_->column_discard.parsed();
+  stats.index_found = state_->column_discard.index_found();
   return stats;
 }
 

@@ -98,6 +98,8 @@ class HuffmanScanDecoder {
   bool refused() const { return refused_; }
   // Every MCU of the scan has been decoded or skipped.
   bool finished() const { return mcu_ == layout_.total_mcus(); }
+  // The MCU decoded or skipped next, in raster order.
+  uint64_t next_mcu() const { return mcu_; }
   // The input bytes from the scan's first byte to its EOI marker (the marker's first 0xFF):
   // where libjpeg's source must stand after the scan for its marker reader to meet EOI (valid
   // after a successful start()).

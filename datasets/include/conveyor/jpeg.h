@@ -52,6 +52,48 @@ struct DecodeLimits {
   int max_scans = 500;
 };
 
+namespace detail {
+class EntropyIndexStore;
+}
+
+// An in-memory index of JPEG files' entropy-coded data, the companion of
+// DecodeOptions::own_entropy_decoder (issue 35, step 3). While the own decoder decodes a file it
+// saves its state (bit position and DC predictors) at the start of every MCU row and every 8 MCUs
+// within it, where its decode passes; a later decode of the same bytes starts each of the crop's
+// MCU rows at the saved state nearest at or before the crop's first column, and parses nothing
+// above the crop. An index fills up over epochs: the first decode of a file parses what it parses
+// without one. A file decoded from the restart segments that cover the box
+// (DecodeOptions::restart_segments) needs no index and is not indexed. A 500x375 4:2:0 photo's
+// entry holds 96 states of 12 bytes (about 1.3 KB with its bookkeeping, 1.2-1.4% of the files
+// measured; BENCHMARKS.md).
+//
+// Requires: shared by any number of JpegDecoders, in any threads (one lock around each file's
+// look-up and store, never held while decoding). Without the own decoder it is unused.
+// Guarantees: the pixels, and the errors, are those of a decode without it. A file's entry is
+// found only for the same bytes (a 64-bit hash of the whole data decoded, and its size) and the
+// same scan layout, and only while its checksum holds (an entry that fails it is dropped); a
+// state that does not fit the scan makes the own decoder refuse, and the image is decoded by
+// libjpeg-turbo alone. At most `budget_bytes` are held; the least recently used files' entries
+// leave first. A budget of 0 turns the index off (nothing is hashed or stored).
+class JpegEntropyIndex {
+ public:
+  static constexpr size_t kDefaultBudgetBytes = size_t{64} << 20;
+  explicit JpegEntropyIndex(size_t budget_bytes = kDefaultBudgetBytes);
+  ~JpegEntropyIndex();
+  JpegEntropyIndex(const JpegEntropyIndex&) = delete;
+  JpegEntropyIndex& operator=(const JpegEntropyIndex&) = delete;
+
+  size_t budget_bytes() const;
+  // The bytes held now, and the number of files indexed.
+  size_t bytes() const;
+  size_t files() const;
+  // The store JpegDecoder uses (codec/jpeg_entropy_index.h; internal).
+  detail::EntropyIndexStore& store() const { return *store_; }
+
+ private:
+  std::unique_ptr<detail::EntropyIndexStore> store_;
+};
+
 // DecodeOptions::dct_scales masks: bit M allows the scale M/8.
 constexpr unsigned kFullDctScale = 1u << 8;
 constexpr unsigned kSimdDctScales = 1u << 1 | 1u << 2 | 1u << 4 | kFullDctScale;
@@ -94,6 +136,9 @@ struct DecodeOptions {
   // its start or midway) is decoded, from its header again when midway, by libjpeg-turbo alone.
   // Off by default while it is measured.
   bool own_entropy_decoder = false;
+  // With own_entropy_decoder: the index of the files' entropy-coded data that this decoder uses
+  // and extends, shared with other decoders (JpegEntropyIndex). Null (the default): none.
+  std::shared_ptr<JpegEntropyIndex> entropy_index;
 };
 
 // How the entropy decoding of a JpegDecoder's last decode went, for statistics and tests.
@@ -116,6 +161,11 @@ struct JpegEntropyStats {
   // The own decoder took the scan but refused it midway, and the image was decoded again without
   // it (`path` is then that decode's).
   bool own_decoder_retried = false;
+  // kOwnDecoder: the MCUs the own decoder parsed (decoded or skipped); with an entropy index,
+  // fewer once the file's entry covers the crop.
+  uint64_t mcus_parsed = 0;
+  // kOwnDecoder: the file had an entry in DecodeOptions::entropy_index.
+  bool index_found = false;
 };
 
 struct JpegHeader {
