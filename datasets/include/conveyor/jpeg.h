@@ -138,7 +138,7 @@ struct DecodeOptions {
   bool own_entropy_decoder = false;
   // With own_entropy_decoder: the index of the files' entropy-coded data that this decoder uses
   // and extends, shared with other decoders (JpegEntropyIndex). Null (the default): none.
-  std::shared_ptr<JpegEntropyIndex> entropy_index;
+  std::shared_ptr<JpegEntropyIndex> entropy_index = nullptr;
 };
 
 // How the entropy decoding of a JpegDecoder's last decode went, for statistics and tests.

@@ -121,7 +121,7 @@ struct ImageTransform {
   // With own_entropy_decoder: the index of the files' entropy-coded data, shared by every decoder
   // made from copies of this transform (DecodeOptions::entropy_index, JpegEntropyIndex: later
   // epochs parse only the crop's MCUs). Null (the default): none.
-  std::shared_ptr<JpegEntropyIndex> entropy_index;
+  std::shared_ptr<JpegEntropyIndex> entropy_index = nullptr;
   // Several views of each image (DINOv2's 2 global + 8 local crops, SimCLR's 2): named groups,
   // each of `count` views made by its own transform's geometry (mode, size, resize, scale, ratio,
   // flip_probability). Empty (the default): one view of this transform, as always. With groups,
