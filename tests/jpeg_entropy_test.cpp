@@ -156,7 +156,14 @@ void expect_same_coefficients(const std::vector<uint8_t>& file, const std::strin
   }
 }
 
-TEST(JpegEntropy, EveryKindOfFileBlockForBlock) {
+// Every sampling, size and restart interval the own decoder takes, with standard and optimized
+// tables (9 x 6 x 6 files), each with the seed it was encoded with.
+struct GeneratedFile {
+  std::string name;
+  std::vector<uint8_t> bytes;
+  uint64_t seed;
+};
+std::vector<GeneratedFile> generated_corpus() {
   struct Sampling {
     int components, h, v;
     bool ycck;
@@ -165,8 +172,8 @@ TEST(JpegEntropy, EveryKindOfFileBlockForBlock) {
                                 {3, 1, 2, false}, {3, 4, 1, false}, {1, 1, 1, false},
                                 {4, 1, 1, false}, {4, 2, 2, true},  {1, 2, 2, false}};
   const int sizes[][2] = {{1, 1}, {7, 9}, {17, 33}, {64, 48}, {99, 257}, {333, 17}};
+  std::vector<GeneratedFile> files;
   uint64_t seed = 0;
-  int files = 0;
   for (const auto& s : samplings) {
     for (const auto& size : sizes) {
       for (const unsigned restart : {0u, 1u, 2u, 3u, 7u, 40u}) {
@@ -178,14 +185,20 @@ TEST(JpegEntropy, EveryKindOfFileBlockForBlock) {
         k.restart_interval = restart;
         k.quality = (++seed % 3 == 0) ? 100 : (seed % 3 == 1 ? 90 : 50);
         k.optimize = seed % 2 == 0;
-        const auto file = encode(size[0], size[1], k, seed);
-        expect_same_coefficients(
-            file, k.name() + " " + std::to_string(size[0]) + "x" + std::to_string(size[1]), seed,
-            3);
-        if (HasFatalFailure()) return;
-        ++files;
+        files.push_back({k.name() + " " + std::to_string(size[0]) + "x" + std::to_string(size[1]),
+                         encode(size[0], size[1], k, seed), seed});
       }
     }
+  }
+  return files;
+}
+
+TEST(JpegEntropy, EveryKindOfFileBlockForBlock) {
+  int files = 0;
+  for (const GeneratedFile& f : generated_corpus()) {
+    expect_same_coefficients(f.bytes, f.name, f.seed, 3);
+    if (HasFatalFailure()) return;
+    ++files;
   }
   EXPECT_EQ(files, 9 * 6 * 6);
 }
@@ -408,32 +421,9 @@ using NamedFiles = std::vector<std::pair<std::string, std::vector<uint8_t>>>;
 // Every sampling, tables, restart interval and size of EveryKindOfFileBlockForBlock, plus
 // photo-like files.
 NamedFiles own_decoder_corpus() {
-  struct Sampling {
-    int components, h, v;
-    bool ycck;
-  };
-  const Sampling samplings[] = {{3, 2, 2, false}, {3, 2, 1, false}, {3, 1, 1, false},
-                                {3, 1, 2, false}, {3, 4, 1, false}, {1, 1, 1, false},
-                                {4, 1, 1, false}, {4, 2, 2, true},  {1, 2, 2, false}};
-  const int sizes[][2] = {{1, 1}, {7, 9}, {17, 33}, {64, 48}, {99, 257}, {333, 17}};
   NamedFiles files;
-  uint64_t seed = 0;
-  for (const auto& s : samplings) {
-    for (const auto& size : sizes) {
-      for (const unsigned restart : {0u, 1u, 2u, 3u, 7u, 40u}) {
-        Kind k;
-        k.components = s.components;
-        k.h_samp = s.h;
-        k.v_samp = s.v;
-        k.ycck = s.ycck;
-        k.restart_interval = restart;
-        k.quality = (++seed % 3 == 0) ? 100 : (seed % 3 == 1 ? 90 : 50);
-        k.optimize = seed % 2 == 0;
-        files.emplace_back(k.name() + " " + std::to_string(size[0]) + "x" + std::to_string(size[1]),
-                           encode(size[0], size[1], k, seed));
-      }
-    }
-  }
+  for (GeneratedFile& f : generated_corpus())
+    files.emplace_back(std::move(f.name), std::move(f.bytes));
   for (const int quality : {75, 95}) {
     files.emplace_back("photo 500x375 q" + std::to_string(quality),
                        make_photo_jpeg(500, 375, static_cast<uint64_t>(quality), quality));
