@@ -148,7 +148,7 @@ BenchConfig parse_command_line(int argc, char** argv) {
                  "on --data with --gpu-decode off, beside a --gpu-decode run (not in all).\n"
                  "no-discard: Conveyor itself on --data with the JPEG discard hook off\n"
                  "(DecodeOptions::discard_outside_crop; not in all). stock-entropy: Conveyor\n"
-                 "itself on --data without the own entropy decoder, beside an --own-entropy run\n"
+                 "itself on --data without the own entropy decoder (as --stock-entropy)\n"
                  "(not in all)")
       ->type_name("LIST")
       ->delimiter(',')
@@ -164,12 +164,13 @@ BenchConfig parse_command_line(int argc, char** argv) {
   app.add_option("--on-error", on_error, "raise (default) or skip")
       ->type_name("P")
       ->check(CLI::IsMember({"raise", "skip"}));
-  app.add_flag("--own-entropy", c.own_entropy_decoder,
-               "Conveyor decodes baseline JPEG scans with its own entropy decoder\n"
-               "(DecodeOptions::own_entropy_decoder; the same pixels, off by default)");
+  bool stock_entropy = false;
+  app.add_flag("--stock-entropy", stock_entropy,
+               "Conveyor decodes JPEG scans with libjpeg-turbo's entropy decoder instead of its\n"
+               "own (DecodeOptions::own_entropy_decoder off; the same pixels, to compare)");
   app.add_option("--entropy-index-mib", c.entropy_index_mib,
-                 "with --own-entropy: the budget of the per-file entropy index Conveyor's run\n"
-                 "shares across its workers, in MiB (JpegEntropyIndex; default 64, 0: none)")
+                 "the budget of the per-file entropy index Conveyor's run shares across its\n"
+                 "workers, in MiB (JpegEntropyIndex; default 64, 0: none)")
       ->type_name("M");
   app.add_flag("--streaming", c.streaming,
                "read tar shards in streaming mode (whole shards in order through a shuffle buffer\n"
@@ -215,6 +216,7 @@ BenchConfig parse_command_line(int argc, char** argv) {
     }
     usage_error(app, e.what());
   }
+  c.own_entropy_decoder = !stock_entropy;
 
   if (max_workers) {
     if (!c.auto_workers) {
@@ -238,10 +240,10 @@ BenchConfig parse_command_line(int argc, char** argv) {
     } else if (item == "no-discard") {
       c.no_discard_reference = true;
     } else if (item == "stock-entropy") {
-      if (!c.own_entropy_decoder) {
+      if (stock_entropy) {
         usage_error(app,
                     "--compare stock-entropy is Conveyor without the own entropy decoder, beside "
-                    "a run with --own-entropy");
+                    "a run with it: drop --stock-entropy");
       }
       c.stock_entropy_reference = true;
     } else {

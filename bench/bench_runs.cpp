@@ -124,9 +124,9 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   ImageTransform transform = ImageTransform::train(config.crop);
   transform.discard_outside_crop = config.discard_outside_crop;
   transform.own_entropy_decoder = config.own_entropy_decoder;
-  if (config.own_entropy_decoder && config.entropy_index_mib > 0) {
-    transform.entropy_index = std::make_shared<JpegEntropyIndex>(config.entropy_index_mib << 20);
-  }
+  // Always one of the run's own, so that each round starts unindexed (0: none).
+  transform.entropy_index = std::make_shared<JpegEntropyIndex>(
+      config.own_entropy_decoder ? config.entropy_index_mib << 20 : 0);
   std::shared_ptr<ImageSource> source = open_source(config.data, transform, config.streaming);
   LoaderOptions o;
   o.batch_size = config.batch_size;
@@ -203,7 +203,7 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
     r.extra["later_epochs_images_per_s"] =
         static_cast<double>(r.images - epoch1_images) / (last - epoch1_end);
   }
-  if (transform.entropy_index) {
+  if (transform.entropy_index->budget_bytes() > 0) {
     r.extra["entropy_index_bytes_per_file"] =
         static_cast<double>(transform.entropy_index->bytes()) /
         static_cast<double>(std::max<size_t>(1, transform.entropy_index->files()));

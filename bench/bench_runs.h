@@ -72,15 +72,14 @@ struct BenchConfig {
   // --compare no-discard: one more reference run, "conveyor:no-discard": Conveyor on `data` with
   // the discard hook off, in the same rounds (the hook's ratio).
   bool no_discard_reference = false;
-  // --own-entropy: ImageTransform::own_entropy_decoder of Conveyor's runs (the own baseline JPEG
-  // entropy decoder).
-  bool own_entropy_decoder = false;
-  // --entropy-index-mib: with --own-entropy, the budget of the JpegEntropyIndex that Conveyor's
+  // ImageTransform::own_entropy_decoder of Conveyor's runs (the own baseline JPEG entropy
+  // decoder; --stock-entropy: off).
+  bool own_entropy_decoder = true;
+  // --entropy-index-mib: with the own decoder, the budget of the JpegEntropyIndex that Conveyor's
   // run shares across its workers (a fresh one each round); 0: none.
   size_t entropy_index_mib = 64;
-  // --compare stock-entropy (with --own-entropy): one more reference run,
-  // "conveyor:stock-entropy": Conveyor on `data` with the own entropy decoder off, in the same
-  // rounds (the own decoder's ratio).
+  // --compare stock-entropy: one more reference run, "conveyor:stock-entropy": Conveyor on `data`
+  // with the own entropy decoder off, in the same rounds (the own decoder's ratio).
   bool stock_entropy_reference = false;
   std::string json;
   // --plot FILE.svg or FILE.png: the figures as pictures (bench/plot.h).

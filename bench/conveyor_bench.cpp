@@ -393,7 +393,7 @@ int main(int argc, char** argv) {
             refs[i][k].images_per_s > 0 ? mains[k].images_per_s / refs[i][k].images_per_s : 0);
       }
       // Epoch 1 and the later epochs apart against the ceiling, per round (the entropy index
-      // of --own-entropy fills during epoch 1; every epoch of the ceiling decodes alike).
+      // of the own decoder fills during epoch 1; every epoch of the ceiling decodes alike).
       if (refs[i].front().name == "ceiling" && config.epochs > 1) {
         for (const char* key : {"epoch1_images_per_s", "later_epochs_images_per_s"}) {
           std::vector<double> ratios;

@@ -38,10 +38,11 @@
 // TurboJPEG cannot be asked for every scale of a tiny image (it picks the largest factor of the
 // same size); those references are libjpeg's plain full decode (every row, no skip, no crop).
 //
-// With --own-entropy every decoder and writer runs the own baseline entropy decoder
-// (DecodeOptions::own_entropy_decoder) against the same references; the counts of regions it took
-// and of those it refused midway (decoded again on libjpeg's path) are printed. With
-// --entropy-index as well, every decoder and writer of every thread shares one JpegEntropyIndex
+// Every decoder and writer runs the own baseline entropy decoder (DecodeOptions::
+// own_entropy_decoder, the default) against the same references, or libjpeg-turbo's with
+// --stock-entropy; the counts of regions it took and of those it refused midway (decoded again on
+// libjpeg's path) are printed. With --entropy-index, every decoder and writer of every thread
+// shares one JpegEntropyIndex
 // (issue 35, step 3): the pairs draw their files from the corpus at random, so each file is
 // decoded many times, and the decodes after its first start from its entry (counted).
 //
@@ -96,7 +97,8 @@ struct Config {
   uint64_t seed = 1;
   std::string write_corpus;
   size_t max_report = 20;
-  bool own_entropy = false;  // DecodeOptions::own_entropy_decoder in every decoder and writer
+  // DecodeOptions::own_entropy_decoder in every decoder and writer (--stock-entropy: off)
+  bool own_entropy = DecodeOptions{}.own_entropy_decoder;
   // --entropy-index: DecodeOptions::entropy_index, shared by every decoder and writer
   std::shared_ptr<JpegEntropyIndex> entropy_index;
 };
@@ -110,8 +112,9 @@ struct Config {
   --seed S            seed of the pairs (default 1)
   --write-corpus DIR  write the generated corpus into DIR as .jpg files and exit
   --max-report K      mismatches reported in full (default 20)
-  --own-entropy       decode with the own JPEG entropy decoder (DecodeOptions::own_entropy_decoder)
-  --entropy-index     with --own-entropy: one JpegEntropyIndex shared by every decoder
+  --stock-entropy     decode with libjpeg-turbo's entropy decoder, not the own one (the default,
+                      DecodeOptions::own_entropy_decoder)
+  --entropy-index     one JpegEntropyIndex shared by every decoder (not with --stock-entropy)
 )";
   std::exit(error.empty() ? 0 : 2);
 }
@@ -143,8 +146,8 @@ Config parse(int argc, char** argv) {
       c.write_corpus = value();
     } else if (a == "--max-report") {
       c.max_report = number();
-    } else if (a == "--own-entropy") {
-      c.own_entropy = true;
+    } else if (a == "--stock-entropy") {
+      c.own_entropy = false;
     } else if (a == "--entropy-index") {
       c.entropy_index = std::make_shared<JpegEntropyIndex>();
     } else if (a == "--help" || a == "-h") {
@@ -153,7 +156,7 @@ Config parse(int argc, char** argv) {
       usage("unknown option " + a);
     }
   }
-  if (c.entropy_index && !c.own_entropy) usage("--entropy-index needs --own-entropy");
+  if (c.entropy_index && !c.own_entropy) usage("--entropy-index needs the own entropy decoder");
   return c;
 }
 

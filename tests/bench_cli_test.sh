@@ -177,26 +177,27 @@ grep -q "cpu-decode is Conveyor with --gpu-decode off" "$tmp/stderr" ||
   fail "--compare no-discard failed: $(cat "$tmp/stderr")"
 grep -Eq "^conveyor:no-discard +[0-9.]+ +20 " "$tmp/stdout" ||
   fail "no conveyor:no-discard row: $(cat "$tmp/stdout")"
-# --own-entropy --compare stock-entropy (issue 35): Conveyor with its own JPEG entropy decoder,
-# beside Conveyor without it in the same rounds; the reference needs the flag.
+# --compare stock-entropy (issue 35): Conveyor with its own JPEG entropy decoder (the default),
+# beside Conveyor with libjpeg-turbo's in the same rounds.
 "$bench" --data "$folder" --batch-size 8 --workers 2 --epochs 1 --rounds 1 --device cpu \
-  --own-entropy --compare stock-entropy >"$tmp/stdout" 2>"$tmp/stderr" ||
-  fail "--own-entropy --compare stock-entropy failed: $(cat "$tmp/stderr")"
+  --compare stock-entropy >"$tmp/stdout" 2>"$tmp/stderr" ||
+  fail "--compare stock-entropy failed: $(cat "$tmp/stderr")"
 grep -Eq "^conveyor:stock-entropy +[0-9.]+ +20 " "$tmp/stdout" ||
   fail "no conveyor:stock-entropy row: $(cat "$tmp/stdout")"
 # With --epochs 2 and the ceiling, epoch 1 (the entropy index filling) and the later epochs are
 # reported apart against it, and the index's size per file.
 "$bench" --data "$folder" --batch-size 8 --workers 2 --epochs 2 --rounds 1 --device cpu \
-  --own-entropy --compare ceiling >"$tmp/stdout" 2>"$tmp/stderr" ||
-  fail "--own-entropy --epochs 2 --compare ceiling failed: $(cat "$tmp/stderr")"
+  --compare ceiling >"$tmp/stdout" 2>"$tmp/stderr" ||
+  fail "--epochs 2 --compare ceiling failed: $(cat "$tmp/stderr")"
 for key in epoch1_over_ceiling later_epochs_over_ceiling entropy_index_bytes_per_file; do
   grep -Eq "^$key [0-9.]+$" "$tmp/stdout" || fail "no $key line: $(cat "$tmp/stdout")"
 done
-if "$bench" --data "$folder" --epochs 1 --compare stock-entropy >"$tmp/stdout" 2>"$tmp/stderr"; then
-  fail "--compare stock-entropy without --own-entropy exited 0"
+if "$bench" --data "$folder" --epochs 1 --stock-entropy --compare stock-entropy \
+  >"$tmp/stdout" 2>"$tmp/stderr"; then
+  fail "--stock-entropy --compare stock-entropy exited 0"
 fi
 grep -q "stock-entropy is Conveyor without the own entropy decoder" "$tmp/stderr" ||
-  fail "--compare stock-entropy alone: no clear error: $(cat "$tmp/stderr")"
+  fail "--stock-entropy --compare stock-entropy: no clear error: $(cat "$tmp/stderr")"
 for mode in 1.5 gpu; do
   if "$bench" --data "$folder" --epochs 1 --gpu-decode "$mode" >"$tmp/stdout" 2>"$tmp/stderr"; then
     fail "--gpu-decode $mode exited 0"

@@ -32,6 +32,7 @@
 #include "codec/libjpeg_errors.h"
 #include "conveyor/jpeg.h"
 #include "conveyor/random.h"
+#include "conveyor/sample_source.h"
 #include "jpeg_coefficients.h"
 #include "synthetic.h"
 
@@ -672,11 +673,17 @@ TEST(JpegOwnEntropy, IsUsedForABaselineFileAndNotForAProgressiveOne) {
   all_columns.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
   EXPECT_EQ(all_columns.last_entropy_stats().path, JpegEntropyPath::kOwnDecoder);
   EXPECT_EQ(all_columns.last_entropy_stats().mcus_discarded, 0u);
-  // Off by default.
+  // On by default; off, libjpeg-turbo's path with the discard hook.
   JpegDecoder plain;
   plain.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
-  EXPECT_EQ(plain.last_entropy_stats().path, JpegEntropyPath::kDiscardOutsideCrop);
-  EXPECT_FALSE(DecodeOptions{}.own_entropy_decoder);
+  EXPECT_EQ(plain.last_entropy_stats().path, JpegEntropyPath::kOwnDecoder);
+  EXPECT_TRUE(DecodeOptions{}.own_entropy_decoder);
+  EXPECT_TRUE(ImageTransform{}.own_entropy_decoder);
+  DecodeOptions off;
+  off.own_entropy_decoder = false;
+  JpegDecoder stock({}, off);
+  stock.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
+  EXPECT_EQ(stock.last_entropy_stats().path, JpegEntropyPath::kDiscardOutsideCrop);
 }
 
 // A whole decode through the seam with plain libjpeg calls, up to jpeg_finish_decompress, with

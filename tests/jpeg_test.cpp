@@ -629,6 +629,14 @@ std::vector<DiscardKind> discard_corpus(int w, int h, uint64_t seed) {
   return kinds;
 }
 
+// The discard hook is libjpeg-turbo's entropy decoder's path: these tests turn the own decoder
+// (DecodeOptions::own_entropy_decoder, on by default; jpeg_entropy_test) off.
+DecodeOptions stock_entropy() {
+  DecodeOptions o;
+  o.own_entropy_decoder = false;
+  return o;
+}
+
 // The hook changes no byte: every kind of file, odd sizes, random boxes and output sizes (so
 // every DCT scale), each option set, decoded with the hook and without, by decoders reused
 // across files. Where it applies, it is taken for the boxes that leave columns out.
@@ -640,7 +648,7 @@ TEST(JpegDiscardHook, DecodesTheSameBytesAsWithoutItOnEveryKindOfFile) {
   std::vector<OptionSet> sets;
   for (const bool fast : {true, false}) {
     for (const bool any : {false, true}) {
-      DecodeOptions o;
+      DecodeOptions o = stock_entropy();
       o.channels = fast ? 4 : 3;
       o.fast_upsampling = fast;
       o.any_scale = any;
@@ -649,7 +657,8 @@ TEST(JpegDiscardHook, DecodesTheSameBytesAsWithoutItOnEveryKindOfFile) {
                       o});
     }
   }
-  DecodeOptions plain_segments;  // restart segments off too: libjpeg's own path only
+  DecodeOptions plain_segments =
+      stock_entropy();  // restart segments off too: libjpeg's own path only
   plain_segments.restart_segments = false;
   sets.push_back({"RGB fancy, no restart segments", plain_segments});
   uint64_t compared = 0, hooked = 0;
@@ -697,7 +706,7 @@ TEST(JpegDiscardHook, DecodesTheSameBytesAsWithoutItOnEveryKindOfFile) {
       // before libjpeg sees it, leaving the hook nothing to discard).
       if (kind.hookable && w >= 333) {
         SCOPED_TRACE(kind.name);
-        DecodeOptions no_segments;
+        DecodeOptions no_segments = stock_entropy();
         no_segments.restart_segments = false;
         JpegDecoder d({}, no_segments);
         d.decode_region(kind.jpeg.data(), kind.jpeg.size(), w / 3, h / 3, w / 4, h / 4, w / 4,
@@ -705,7 +714,7 @@ TEST(JpegDiscardHook, DecodesTheSameBytesAsWithoutItOnEveryKindOfFile) {
         EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kDiscardOutsideCrop);
         EXPECT_GT(d.last_entropy_stats().mcus_discarded, 0u);
         if (kind.name == "4:2:0, restart 1") {
-          JpegDecoder segmented;
+          JpegDecoder segmented({}, stock_entropy());
           segmented.decode_region(kind.jpeg.data(), kind.jpeg.size(), w / 3, h / 3, w / 4, h / 4,
                                   w / 4, h / 4);
           EXPECT_EQ(segmented.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
@@ -724,7 +733,7 @@ TEST(JpegDiscardHook, IsInstalledForABaselineFileAndNotForAProgressiveOne) {
   EncodeOptions p;
   p.progressive = true;
   const auto progressive = encode_jpeg(rgb.data(), 500, 375, p);
-  JpegDecoder d;
+  JpegDecoder d({}, stock_entropy());
   EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kNone);
   d.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);
   JpegEntropyStats stats = d.last_entropy_stats();
@@ -741,7 +750,7 @@ TEST(JpegDiscardHook, IsInstalledForABaselineFileAndNotForAProgressiveOne) {
   EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
   d.decode(baseline.data(), baseline.size());
   EXPECT_EQ(d.last_entropy_stats().path, JpegEntropyPath::kLibjpeg);
-  DecodeOptions off;
+  DecodeOptions off = stock_entropy();
   off.discard_outside_crop = false;
   JpegDecoder plain({}, off);
   plain.decode_region(baseline.data(), baseline.size(), 200, 100, 120, 120, 120, 120);

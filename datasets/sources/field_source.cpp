@@ -69,9 +69,14 @@ FieldSource::FieldSource(std::unique_ptr<Kind> kind, Fields fields)
                                 std::to_string(fields_.size()));
   }
   std::set<std::string> names;
-  for (const auto& [name, field] : fields_) {
+  for (auto& [name, field] : fields_) {
     if (!names.insert(name).second) {
       throw std::invalid_argument(detail::field_label(name) + " is named twice");
+    }
+    // ImageTransform::entropy_index's default: one index per image field, shared by the workers.
+    ImageTransform& t = field.transform;
+    if (field.kind == Field::Kind::kImage && t.own_entropy_decoder && !t.entropy_index) {
+      t.entropy_index = std::make_shared<JpegEntropyIndex>();
     }
   }
   for (const auto& [name, field] : fields_) {

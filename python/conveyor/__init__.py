@@ -40,8 +40,8 @@ from .loader import Batch, DataLoader  # noqa: E402
 from .samplers import (DistributedSampler, RandomSampler, RASampler, Sampler,  # noqa: E402
                        SequentialSampler)
 from .transforms import (ALL_DCT_SCALES, FULL_DCT_SCALE, SIMD_DCT_SCALES,  # noqa: E402
-                         RandomResizedCrop, Resize, ResizeCenterCrop, Transform, Views,
-                         eval_transform, train_transform)
+                         JpegEntropyIndex, RandomResizedCrop, Resize, ResizeCenterCrop,
+                         Transform, Views, eval_transform, train_transform)
 
 __version__ = "0.1.0"
 
@@ -94,7 +94,7 @@ __all__ = [
     "Json", "FieldBatch",
     "Sampler", "SequentialSampler", "RandomSampler", "DistributedSampler", "RASampler",
     "Transform", "RandomResizedCrop", "ResizeCenterCrop", "Resize", "Views", "train_transform",
-    "eval_transform", "SIMD_DCT_SCALES", "FULL_DCT_SCALE", "ALL_DCT_SCALES",
+    "eval_transform", "JpegEntropyIndex", "SIMD_DCT_SCALES", "FULL_DCT_SCALE", "ALL_DCT_SCALES",
     "normalize", "generate_image_folder", "make_photo_jpeg", "cuda_available",
     "IMAGENET_MEAN", "IMAGENET_STD",
 ]

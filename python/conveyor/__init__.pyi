@@ -24,6 +24,15 @@ class SampleError(RuntimeError):
     def __init__(self, message: str, index: int, path: str, reason: str = ...) -> None: ...
 
 # --- transforms ----------------------------------------------------------------------------------
+class JpegEntropyIndex:
+    def __init__(self, budget_mib: int = ...) -> None: ...
+    @property
+    def budget_bytes(self) -> int: ...
+    @property
+    def bytes(self) -> int: ...
+    @property
+    def files(self) -> int: ...
+
 class Transform:
     size: int
     resize: int
@@ -34,6 +43,7 @@ class Transform:
     exif_orientation: bool
     max_pixels: int
     dct_scales: int
+    entropy_index: Optional[JpegEntropyIndex]
     @property
     def output_shape(self) -> Tuple[int, int, int]: ...
 
@@ -41,24 +51,28 @@ class RandomResizedCrop(Transform):
     def __init__(self, size: Union[int, Sequence[int]], scale: Sequence[float] = ...,
                  ratio: Sequence[float] = ..., *, flip: Union[bool, float] = ...,
                  layout: str = ..., exif_orientation: bool = ..., max_pixels: int = ...,
-                 dct_scales: int = ...) -> None: ...
+                 dct_scales: int = ...,
+                 entropy_index: Optional[JpegEntropyIndex] = ...) -> None: ...
 
 class ResizeCenterCrop(Transform):
     def __init__(self, size: Union[int, Sequence[int]] = ..., resize: int = ..., *,
                  layout: str = ..., exif_orientation: bool = ..., max_pixels: int = ...,
-                 dct_scales: int = ...) -> None: ...
+                 dct_scales: int = ...,
+                 entropy_index: Optional[JpegEntropyIndex] = ...) -> None: ...
 
 class Resize(Transform):
     def __init__(self, size: Union[int, Sequence[int]], *, layout: str = ...,
                  exif_orientation: bool = ..., max_pixels: int = ...,
-                 dct_scales: int = ...) -> None: ...
+                 dct_scales: int = ...,
+                 entropy_index: Optional[JpegEntropyIndex] = ...) -> None: ...
 
 class Views(Transform):
     groups: Dict[str, Tuple[int, Transform]]
     decode_once: bool
     def __init__(self, groups: Mapping[str, Tuple[int, Transform]], *, layout: str = ...,
                  exif_orientation: bool = ..., max_pixels: int = ..., dct_scales: int = ...,
-                 decode_once: bool = ...) -> None: ...
+                 decode_once: bool = ...,
+                 entropy_index: Optional[JpegEntropyIndex] = ...) -> None: ...
     @property
     def output_shape(self) -> Dict[str, Tuple[int, int, int, int]]: ...  # type: ignore[override]
 

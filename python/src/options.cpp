@@ -77,6 +77,12 @@ void bind_options(py::module_& m) {
       .def_readwrite("max_pixels", &DecodeLimits::max_pixels)
       .def_readwrite("max_scans", &DecodeLimits::max_scans);
 
+  py::class_<JpegEntropyIndex, std::shared_ptr<JpegEntropyIndex>>(
+      m, "JpegEntropyIndex", "conveyor::JpegEntropyIndex (conveyor/jpeg.h)")
+      .def(py::init<size_t>(), py::arg("budget_bytes") = JpegEntropyIndex::kDefaultBudgetBytes)
+      .def_property_readonly("budget_bytes", &JpegEntropyIndex::budget_bytes)
+      .def_property_readonly("bytes", &JpegEntropyIndex::bytes)
+      .def_property_readonly("files", &JpegEntropyIndex::files);
   py::class_<ImageTransform> transform(m, "ImageTransform",
                                        "conveyor::ImageTransform (conveyor/datasets.h)");
   py::enum_<ImageTransform::Mode>(transform, "Mode")
@@ -96,6 +102,8 @@ void bind_options(py::module_& m) {
       .def_readwrite("limits", &ImageTransform::limits)
       .def_readwrite("exif_orientation", &ImageTransform::exif_orientation)
       .def_readwrite("dct_scales", &ImageTransform::dct_scales)
+      .def_readwrite("own_entropy_decoder", &ImageTransform::own_entropy_decoder)
+      .def_readwrite("entropy_index", &ImageTransform::entropy_index)
       .def_readwrite("views", &ImageTransform::views)
       .def_readwrite("decode_views_once", &ImageTransform::decode_views_once);
   py::class_<ViewGroup>(m, "ViewGroup", "conveyor::ViewGroup (conveyor/sample_source.h)")

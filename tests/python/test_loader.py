@@ -165,6 +165,39 @@ def test_restart_marker_copies_decode_to_the_same_pixels(photos, tmp_path):
     assert torch.equal(next(iter(original)).images, next(iter(restart)).images)
 
 
+def test_the_entropy_index_fills_in_epoch_one_and_leaves_every_batch_unchanged(photos):
+    """conveyor.JpegEntropyIndex (issue 35): each JPEG gets an entry the first time it is decoded,
+    and the later epochs, which start the crop's rows from it, give the bytes of a loader without
+    one."""
+    def run(index, epochs):
+        t = conveyor.RandomResizedCrop(CROP, flip=True, entropy_index=index)
+        loader = conveyor.DataLoader(conveyor.ImageFolder(photos, transform=t), batch_size=4,
+                                     num_workers=2, shuffle=True, seed=11)
+        return batches_of(loader, epochs=epochs)
+
+    index = conveyor.JpegEntropyIndex(budget_mib=1)
+    assert (index.files, index.bytes, index.budget_bytes) == (0, 0, 1 << 20)
+    indexed = run(index, 1)
+    assert index.files == len(conveyor.ImageFolder(photos)), "every photo has its entry"
+    # A few percent of a file at most (about 1.3 KB for a 500x375 photo; these are smaller).
+    smallest = min(p.stat().st_size for p in photos.rglob("*") if p.is_file())
+    assert 0 < index.bytes / index.files < 0.05 * smallest
+    again = run(index, 2)  # epochs 0 and 1 again, each decode from the file's entry
+    off = conveyor.JpegEntropyIndex(0)
+    plain = run(off, 2)
+    assert off.files == 0 and off.bytes == 0
+    assert len(again) == len(plain) == 2 * len(indexed)
+    for (e1, i1, im1, l1), (e2, i2, im2, l2) in zip(indexed + again, plain + plain):
+        assert (e1, i1) == (e2, i2)
+        assert torch.equal(im1, im2), f"epoch {e1}: other pixels with the index"
+        assert torch.equal(l1, l2)
+    for bad in (-1, 1.5, True, "64"):
+        with pytest.raises(ValueError, match="budget_mib must be an int >= 0"):
+            conveyor.JpegEntropyIndex(bad)
+    with pytest.raises(ValueError, match="entropy_index must be a conveyor.JpegEntropyIndex"):
+        conveyor.RandomResizedCrop(CROP, entropy_index=64)
+
+
 def with_orientation(jpeg: bytes, orientation: int) -> bytes:
     """The JPEG with an EXIF APP1 segment holding only the orientation tag, after SOI."""
     tiff = (b"MM\x00\x2a\x00\x00\x00\x08" + b"\x00\x01" +

@@ -113,17 +113,20 @@ def test_a_timeout_in_seconds_is_kept_to_the_millisecond():
 
 
 def test_the_transform_keywords_fill_the_engines_transform():
+    index = conveyor.JpegEntropyIndex(budget_mib=3)
     t = conveyor.RandomResizedCrop(48, scale=(0.25, 0.75), ratio=(0.5, 2.0), flip=0.3,
                                    layout="HWC", exif_orientation=True, max_pixels=12345,
-                                   dct_scales=conveyor.ALL_DCT_SCALES)
+                                   dct_scales=conveyor.ALL_DCT_SCALES, entropy_index=index)
     got = _options.to_dict(t._cpp)
+    assert got.pop("entropy_index").budget_bytes == 3 << 20
+    assert _options.to_dict(conveyor.Resize(32)._cpp)["entropy_index"] is None  # the dataset's
     assert got == {"mode": "random_resized_crop", "size": 48, "resize": 256, "scale_min": 0.25,
                    "scale_max": 0.75, "ratio_min": 0.5, "ratio_max": 2.0,
                    "flip_probability": 0.3, "layout": "HWC",
                    "limits": {"max_pixels": 12345, "max_scans": 500},
                    "exif_orientation": True, "dct_scales": conveyor.ALL_DCT_SCALES,
-                   "views": [], "decode_views_once": True}
-    assert set(got) == set(_options.fields(_C.ImageTransform))
+                   "own_entropy_decoder": True, "views": [], "decode_views_once": True}
+    assert set(got) | {"entropy_index"} == set(_options.fields(_C.ImageTransform))
     assert _options.to_dict(conveyor.ResizeCenterCrop(32, resize=40)._cpp)["mode"] == \
         "resize_center_crop"
     assert _options.to_dict(conveyor.Resize(32)._cpp)["mode"] == "resize"

@@ -134,8 +134,9 @@ struct DecodeOptions {
   // Guarantees: the pixels, and the errors, are libjpeg-turbo's. A file the own decoder does not
   // take (progressive, arithmetic-coded, 12-bit, multi-scan, a scan it finds anything odd in, at
   // its start or midway) is decoded, from its header again when midway, by libjpeg-turbo alone.
-  // Off by default while it is measured.
-  bool own_entropy_decoder = false;
+  // On by default (checked at 600,000 pairs by conveyor-decode-check, and fuzzed); off only to
+  // compare.
+  bool own_entropy_decoder = true;
   // With own_entropy_decoder: the index of the files' entropy-coded data that this decoder uses
   // and extends, shared with other decoders (JpegEntropyIndex). Null (the default): none.
   std::shared_ptr<JpegEntropyIndex> entropy_index = nullptr;

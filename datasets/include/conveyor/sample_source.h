@@ -116,11 +116,16 @@ struct ImageTransform {
   // (DecodeOptions::discard_outside_crop). The same pixels either way; off only to compare.
   bool discard_outside_crop = true;
   // Decode JPEG scans with Conveyor's own baseline entropy decoder
-  // (DecodeOptions::own_entropy_decoder). The same pixels either way; off by default.
-  bool own_entropy_decoder = false;
+  // (DecodeOptions::own_entropy_decoder). The same pixels either way; on by default, off only to
+  // compare.
+  bool own_entropy_decoder = true;
   // With own_entropy_decoder: the index of the files' entropy-coded data, shared by every decoder
   // made from copies of this transform (DecodeOptions::entropy_index, JpegEntropyIndex: later
-  // epochs parse only the crop's MCUs). Null (the default): none.
+  // epochs parse only the crop's MCUs). Null (the default): a source (ImageFolder, FileList, a
+  // manifest, shards, a reader) gives each of its image fields one of
+  // JpegEntropyIndex::kDefaultBudgetBytes, shared by its workers; an ImageWriter made directly
+  // uses none. Give one of budget 0 to turn it off, or your own to choose its budget or to share
+  // it between sources.
   std::shared_ptr<JpegEntropyIndex> entropy_index = nullptr;
   // Several views of each image (DINOv2's 2 global + 8 local crops, SimCLR's 2): named groups,
   // each of `count` views made by its own transform's geometry (mode, size, resize, scale, ratio,
