@@ -171,6 +171,13 @@ BenchConfig parse_command_line(int argc, char** argv) {
                  "with --own-entropy: the budget of the per-file entropy index Conveyor's run\n"
                  "shares across its workers, in MiB (JpegEntropyIndex; default 64, 0: none)")
       ->type_name("M");
+  app.add_option("--entropy-index-file", c.entropy_index_file,
+                 "with --own-entropy: the entropy index is loaded from PATH at each round's start
+                 "
+                 "(when it exists) and saved there at its end, so that a round, or the next run,
+                 "
+                 "starts indexed (JpegEntropyIndex(budget, file))")
+      ->type_name("PATH");
   app.add_flag("--streaming", c.streaming,
                "read tar shards in streaming mode (whole shards in order through a shuffle buffer\n"
                "of 1000) instead of at random through their index");
