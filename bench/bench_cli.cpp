@@ -172,10 +172,8 @@ BenchConfig parse_command_line(int argc, char** argv) {
                  "shares across its workers, in MiB (JpegEntropyIndex; default 64, 0: none)")
       ->type_name("M");
   app.add_option("--entropy-index-file", c.entropy_index_file,
-                 "with --own-entropy: the entropy index is loaded from PATH at each round's start
-                 "
-                 "(when it exists) and saved there at its end, so that a round, or the next run,
-                 "
+                 "with --own-entropy: the entropy index is loaded from PATH at each round's start\n"
+                 "(when it exists) and saved there at its end, so that a round, or the next run,\n"
                  "starts indexed (JpegEntropyIndex(budget, file))")
       ->type_name("PATH");
   app.add_flag("--streaming", c.streaming,

@@ -85,15 +85,20 @@ struct JpegEntropyIndexLoad {
 //
 // With a file (the second constructor), the index starts with the file's entries (the most
 // recently used first, up to the budget) and save() writes every entry held back to it, so that
-// a run, or the next one, starts indexed. The file is trusted in nothing: its header must be this
-// format's, each entry's layout must be consistent and its checksum must hold, and an entry that
-// fails is skipped and counted (loaded()); pixels are never changed by it. An entry is found only
-// for the same bytes, so an entry of a file whose bytes have changed since (a stale entry) is
-// never used; it stays in the file, taking space, until the budget pushes it out.
+// a run, or the next one, starts indexed. The file's layout is trusted in nothing: its header must
+// be this format's, each entry's layout must be consistent and its checksum must hold, and an
+// entry that fails is skipped and counted (loaded()); reading any file is memory-safe and bounded
+// by its size. An entry is found only for the same bytes, so an entry of a file whose bytes have
+// changed since (a stale entry) is never used; it stays in the file, taking space, until the
+// budget pushes it out. The checksums catch corruption, not forgery: the file must be as trusted
+// as the images, since an entry forged with a valid checksum (they are not cryptographic) can
+// change the pixels of the image it names (a state at a wrong position that still parses cannot
+// be told from a right one), though never read or write out of bounds.
 //
 // Requires: shared by any number of JpegDecoders, in any threads (one lock around each file's
 // look-up and store, never held while decoding). Without the own decoder it is unused. Processes
-// that save to the same file each write their own entries: the last save wins whole.
+// that save to the same file each write their own entries: the last save wins whole. A file, if
+// given, as trusted as the images (above).
 // Guarantees: the pixels, and the errors, are those of a decode without it. A file's entry is
 // found only for the same bytes (a 64-bit hash of the whole data decoded, and its size) and the
 // same scan layout, and only while its checksum holds (an entry that fails it is dropped); a
