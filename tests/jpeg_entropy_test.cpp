@@ -1219,6 +1219,47 @@ TEST(JpegEntropyIndexFile, LoadKeepsToTheBudget) {
   EXPECT_EQ(read_file_bytes(path), before);
 }
 
+// Two indexes saving to the same file at once, over and over: the file is always one of them
+// whole, never torn (each save writes its own file and renames it over the path).
+TEST(JpegEntropyIndexFile, ConcurrentSavesNeverTearTheFile) {
+  testing::TempDir dir;
+  const auto files = two_small_files();
+  const auto path = dir / "shared.bin";
+  auto one = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+  auto both = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+  decode_with(one, {files[0]});
+  decode_with(both, files);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> savers;
+  for (const auto& index : {one, both}) {
+    savers.emplace_back([&stop, index] {
+      for (int i = 0; i < 5000 && !stop; ++i) index->save();
+    });
+  }
+  // The first save's rename, waited for with a bound.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(path) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::set<size_t> seen;
+  for (int loads = 0; loads < 200; ++loads) {
+    const JpegEntropyIndex reader(JpegEntropyIndex::kDefaultBudgetBytes, path);
+    const JpegEntropyIndexLoad& loaded = reader.loaded();
+    EXPECT_TRUE(loaded.file_found);
+    EXPECT_FALSE(loaded.file_refused) << loaded.refusal;
+    EXPECT_FALSE(loaded.rest_dropped);
+    EXPECT_EQ(loaded.entries_refused, 0u);
+    EXPECT_TRUE(loaded.entries_loaded == 1 || loaded.entries_loaded == 2);
+    seen.insert(loaded.entries_loaded);
+  }
+  stop = true;
+  for (auto& t : savers) t.join();
+  EXPECT_FALSE(seen.empty());
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
+  }
+}
+
 // A save that fails leaves the old file as it was, and names the path and the reason.
 TEST(JpegEntropyIndexFile, AFailedSaveLeavesTheOldFile) {
   testing::TempDir dir;
