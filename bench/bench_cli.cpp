@@ -172,6 +172,11 @@ BenchConfig parse_command_line(int argc, char** argv) {
                  "the budget of the per-file entropy index Conveyor's run shares across its\n"
                  "workers, in MiB (JpegEntropyIndex; default 64, 0: none)")
       ->type_name("M");
+  app.add_option("--entropy-index-file", c.entropy_index_file,
+                 "the entropy index is loaded from PATH at each round's start\n"
+                 "(when it exists) and saved there at its end, so that a round, or the next run,\n"
+                 "starts indexed (JpegEntropyIndex(budget, file))")
+      ->type_name("PATH");
   app.add_flag("--streaming", c.streaming,
                "read tar shards in streaming mode (whole shards in order through a shuffle buffer\n"
                "of 1000) instead of at random through their index");

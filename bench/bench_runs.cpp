@@ -124,9 +124,11 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
   ImageTransform transform = ImageTransform::train(config.crop);
   transform.discard_outside_crop = config.discard_outside_crop;
   transform.own_entropy_decoder = config.own_entropy_decoder;
-  // Always one of the run's own, so that each round starts unindexed (0: none).
+  // Always one of the run's own, so that each round starts unindexed (0: none), unless
+  // --entropy-index-file gives it a file to start from.
   transform.entropy_index = std::make_shared<JpegEntropyIndex>(
-      config.own_entropy_decoder ? config.entropy_index_mib << 20 : 0);
+      config.own_entropy_decoder ? config.entropy_index_mib << 20 : 0,
+      std::filesystem::path(config.entropy_index_file));
   std::shared_ptr<ImageSource> source = open_source(config.data, transform, config.streaming);
   LoaderOptions o;
   o.batch_size = config.batch_size;
@@ -207,6 +209,13 @@ RunResult run_conveyor(const BenchConfig& config, const std::string& name) {
     r.extra["entropy_index_bytes_per_file"] =
         static_cast<double>(transform.entropy_index->bytes()) /
         static_cast<double>(std::max<size_t>(1, transform.entropy_index->files()));
+    if (!config.entropy_index_file.empty()) {
+      const JpegEntropyIndexLoad& loaded = transform.entropy_index->loaded();
+      if (loaded.file_refused) std::fprintf(stderr, "conveyor-bench: %s\n", loaded.refusal.c_str());
+      r.extra["entropy_index_files_loaded"] = static_cast<double>(loaded.entries_loaded);
+      r.extra["entropy_index_entries_refused"] = static_cast<double>(loaded.entries_refused);
+      transform.entropy_index->save();  // throws naming the file when it cannot be written
+    }
   }
   const ImageSource::WorkTime work = source->work_time();
   r.time_split["read"] = work.read_seconds;

@@ -78,6 +78,9 @@ struct BenchConfig {
   // --entropy-index-mib: with the own decoder, the budget of the JpegEntropyIndex that Conveyor's
   // run shares across its workers (a fresh one each round); 0: none.
   size_t entropy_index_mib = 64;
+  // --entropy-index-file: the file that index is loaded from at the start of each of Conveyor's
+  // runs (when it exists) and saved to at its end; empty: none (in memory only).
+  std::string entropy_index_file;
   // --compare stock-entropy: one more reference run, "conveyor:stock-entropy": Conveyor on `data`
   // with the own entropy decoder off, in the same rounds (the own decoder's ratio).
   bool stock_entropy_reference = false;

@@ -2,8 +2,8 @@
 // full decodes, on many random (file, crop box, output size) pairs.
 //
 //   conveyor-decode-check [--data DIR] [--pairs N] [--threads T] [--seed S]
-//                         [--write-corpus DIR] [--max-report K] [--own-entropy]
-//                         [--entropy-index]
+//                         [--write-corpus DIR] [--max-report K] [--stock-entropy]
+//                         [--entropy-index] [--entropy-index-file PATH]
 //
 // Without --data it checks a generated corpus that covers baseline, progressive and arithmetic
 // coding; 4:4:4, 4:2:2, 4:2:0, 4:4:0 and 4:1:1; gray, RGB, CMYK (with and without the Adobe
@@ -115,6 +115,8 @@ struct Config {
   --stock-entropy     decode with libjpeg-turbo's entropy decoder, not the own one (the default,
                       DecodeOptions::own_entropy_decoder)
   --entropy-index     one JpegEntropyIndex shared by every decoder (not with --stock-entropy)
+  --entropy-index-file PATH
+                      --entropy-index, loaded from PATH when it exists and saved there at the end
 )";
   std::exit(error.empty() ? 0 : 2);
 }
@@ -149,7 +151,10 @@ Config parse(int argc, char** argv) {
     } else if (a == "--stock-entropy") {
       c.own_entropy = false;
     } else if (a == "--entropy-index") {
-      c.entropy_index = std::make_shared<JpegEntropyIndex>();
+      if (!c.entropy_index) c.entropy_index = std::make_shared<JpegEntropyIndex>();
+    } else if (a == "--entropy-index-file") {
+      c.entropy_index = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes,
+                                                           std::filesystem::path(value()));
     } else if (a == "--help" || a == "-h") {
       usage("");
     } else {
@@ -1053,6 +1058,16 @@ int run(const Config& config) {
     std::cout << "regions started from the file's entropy index entry: " << total.region_index_found
               << "; the index holds " << config.entropy_index->files() << " files in "
               << config.entropy_index->bytes() << " bytes\n";
+  }
+  if (config.entropy_index && !config.entropy_index->file().empty()) {
+    const JpegEntropyIndexLoad& loaded = config.entropy_index->loaded();
+    std::cout << "entropy index file " << config.entropy_index->file().string() << ": "
+              << (loaded.file_found ? "" : "not found, ")
+              << (loaded.file_refused ? "refused whole (" + loaded.refusal + "), " : "")
+              << loaded.entries_loaded << " entries loaded, " << loaded.entries_refused
+              << " refused" << (loaded.rest_dropped ? " (the rest dropped)" : "") << ", "
+              << loaded.entries_over_budget << " over the budget\n";
+    config.entropy_index->save();
   }
   std::cout << "regions by DCT scale:";
   for (int s = 1; s <= 8; ++s) std::cout << " " << s << "/8: " << total.region_scale_count[s];

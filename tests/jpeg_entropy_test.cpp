@@ -16,6 +16,9 @@
 // exists, corrupted entries never changing pixels, and the byte budget.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <csetjmp>
 #include <cstdio>
@@ -35,6 +38,7 @@
 #include "conveyor/sample_source.h"
 #include "jpeg_coefficients.h"
 #include "synthetic.h"
+#include "test_support.h"
 
 namespace conveyor {
 namespace {
@@ -938,6 +942,366 @@ TEST(JpegEntropyIndex, KeepsToItsBudget) {
   EXPECT_FALSE(off.last_entropy_stats().index_found);
   EXPECT_EQ(o.entropy_index->files(), 0u);
   EXPECT_EQ(o.entropy_index->bytes(), 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The index kept in a file (JpegEntropyIndex(budget, file)).
+
+std::vector<uint8_t> read_file_bytes(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+// Decodes each file with a decoder on `index` (own decoder, a few boxes) and checks the pixels
+// against libjpeg-turbo's; returns for each file whether its first decode found an entry.
+std::vector<bool> decode_with(const std::shared_ptr<JpegEntropyIndex>& index,
+                              const std::vector<std::vector<uint8_t>>& files) {
+  DecodeOptions o;
+  o.own_entropy_decoder = true;
+  o.entropy_index = index;
+  JpegDecoder d({}, o);
+  JpegDecoder libjpeg({}, stock(o));
+  SampleRng rng(35, 7, 0);
+  std::vector<bool> found;
+  for (const auto& file : files) {
+    const JpegHeader header = libjpeg.read_header(file.data(), file.size());
+    for (int trial = 0; trial < 3; ++trial) {
+      const Box b = trial == 0 ? Box{0, 0, header.width, header.height, header.width, header.height}
+                               : random_box(rng, header.width, header.height);
+      const Outcome got = decode_box(d, file, b);
+      const Outcome want = decode_box(libjpeg, file, b);
+      EXPECT_TRUE(want.error.empty()) << want.error;
+      EXPECT_TRUE(got == want) << got.error;
+      if (trial == 0) found.push_back(got.stats.index_found);
+    }
+  }
+  return found;
+}
+
+// An index file of `files`, each decoded whole once, the last decoded the most recently used.
+std::vector<uint8_t> index_file_of(const std::vector<std::vector<uint8_t>>& files,
+                                   const std::filesystem::path& path) {
+  auto index = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+  DecodeOptions o;
+  o.own_entropy_decoder = true;
+  o.entropy_index = index;
+  JpegDecoder d({}, o);
+  for (const auto& file : files) d.decode(file.data(), file.size());
+  EXPECT_EQ(index->files(), files.size());
+  index->save();
+  return read_file_bytes(path);
+}
+
+// Saved, then loaded by a new index: the same entries, and the second decode of the crop parses
+// only the crop's MCUs, as with the index that made them (TheSecondDecodeParsesOnlyTheCrop).
+TEST(JpegEntropyIndexFile, SavedEntriesServeANewIndex) {
+  testing::TempDir dir;
+  const auto path = dir / "index.bin";
+  const auto file = make_photo_jpeg(500, 375, 11, 90);
+  const Box b{300, 230, 120, 110, 120, 110};
+  DecodeOptions o;
+  o.own_entropy_decoder = true;
+  JpegDecoder libjpeg({}, stock(o));
+  const Outcome want = decode_box(libjpeg, file, b);
+  ASSERT_TRUE(want.error.empty());
+  size_t bytes_held = 0;
+  std::vector<uint8_t> saved;
+  {
+    o.entropy_index =
+        std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+    EXPECT_FALSE(o.entropy_index->loaded().file_found);
+    JpegDecoder d({}, o);
+    EXPECT_TRUE(decode_box(d, file, b) == want);
+    bytes_held = o.entropy_index->bytes();
+    saved = o.entropy_index->store().serialize();
+    o.entropy_index.reset();  // the destructor saves: an entry was added
+  }
+  ASSERT_TRUE(std::filesystem::exists(path));
+  EXPECT_EQ(read_file_bytes(path), saved);
+  // 24 bytes of header; 40 + 96 x 12 + 8 for the photo's entry.
+  EXPECT_EQ(saved.size(), 24u + 40u + 96u * 12u + 8u);
+  o.entropy_index = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+  const JpegEntropyIndexLoad& loaded = o.entropy_index->loaded();
+  EXPECT_TRUE(loaded.file_found);
+  EXPECT_FALSE(loaded.file_refused);
+  EXPECT_FALSE(loaded.rest_dropped);
+  EXPECT_EQ(loaded.entries_loaded, 1u);
+  EXPECT_EQ(loaded.entries_refused, 0u);
+  EXPECT_EQ(loaded.entries_over_budget, 0u);
+  EXPECT_EQ(o.entropy_index->files(), 1u);
+  EXPECT_EQ(o.entropy_index->bytes(), bytes_held);
+  EXPECT_EQ(o.entropy_index->store().serialize(), saved);
+  JpegDecoder d({}, o);
+  const Outcome second = decode_box(d, file, b);
+  EXPECT_TRUE(second == want);
+  EXPECT_TRUE(second.stats.index_found);
+  EXPECT_EQ(second.stats.mcus_parsed, 10u * 12u);
+  // Nothing added since the load: the destructor does not write (the file removed stays so).
+  std::filesystem::remove(path);
+  o.entropy_index.reset();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// Small files of two entries, for the loops over every byte.
+std::vector<std::vector<uint8_t>> two_small_files() {
+  return {make_photo_jpeg(40, 32, 1, 90), make_photo_jpeg(48, 16, 2, 75)};
+}
+
+// The file cut at every length: a header cut short (the empty file included) refuses it whole;
+// otherwise the whole entries before the cut are loaded, an entry cut short is refused and ends
+// the load; the pixels never change.
+TEST(JpegEntropyIndexFile, TruncatedFilesLoadTheirWholeEntries) {
+  testing::TempDir dir;
+  const auto files = two_small_files();
+  const std::vector<uint8_t> full = index_file_of(files, dir / "full.bin");
+  // 4:2:0 MCUs of 16x16: 40x32 is 3 MCUs x 2 rows (1 point a row), 48x16 3 x 1. The most
+  // recently used entry (48x16's) comes first.
+  const size_t first_end = 24 + 40 + 1 * 12 + 8;
+  ASSERT_EQ(full.size(), first_end + 40 + 2 * 12 + 8);
+  const auto path = dir / "cut.bin";
+  for (size_t length = 0; length < full.size(); ++length) {
+    SCOPED_TRACE("length " + std::to_string(length));
+    testing::write_bytes(path, std::vector<uint8_t>(full.begin(), full.begin() + length));
+    auto index = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+    const JpegEntropyIndexLoad loaded = index->loaded();
+    EXPECT_TRUE(loaded.file_found);
+    if (length < 24) {
+      EXPECT_TRUE(loaded.file_refused);
+      EXPECT_NE(loaded.refusal.find(path.string()), std::string::npos) << loaded.refusal;
+      EXPECT_EQ(loaded.entries_loaded + loaded.entries_refused, 0u);
+    } else {
+      EXPECT_FALSE(loaded.file_refused);
+      const size_t whole = length >= first_end ? 1 : 0;
+      const bool cut = length != 24 && length != first_end;
+      EXPECT_EQ(loaded.entries_loaded, whole);
+      EXPECT_EQ(loaded.entries_refused, cut ? 1u : 0u);
+      EXPECT_EQ(loaded.rest_dropped, cut);
+    }
+    EXPECT_EQ(index->files(), loaded.entries_loaded);
+    const std::vector<bool> found = decode_with(index, files);
+    EXPECT_EQ(found[1], loaded.entries_loaded == 1);
+    EXPECT_FALSE(found[0]);
+  }
+}
+
+// Every byte of a two-entry file flipped in turn: a flip in the header refuses the file whole; one
+// in an entry refuses that entry (its checksum fails), and when it made the entry's layout
+// inconsistent the rest of the file is dropped; the other entry is loaded and found unless it was
+// in that rest; the pixels never change.
+TEST(JpegEntropyIndexFile, AFlippedByteAnywhereNeverChangesPixels) {
+  testing::TempDir dir;
+  const auto files = two_small_files();
+  const std::vector<uint8_t> full = index_file_of(files, dir / "full.bin");
+  // In the file, the most recently used entry (the second file's, 48x16) comes first.
+  const size_t first_end = 24 + 40 + 12 + 8;
+  ASSERT_EQ(full.size(), first_end + 40 + 2 * 12 + 8);
+  const auto path = dir / "flipped.bin";
+  size_t dropped = 0;
+  for (size_t at = 0; at < full.size(); ++at) {
+    for (const uint8_t mask : {uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xFF}}) {
+      SCOPED_TRACE("byte " + std::to_string(at) + " ^ " + std::to_string(mask));
+      std::vector<uint8_t> bytes = full;
+      bytes[at] ^= mask;
+      testing::write_bytes(path, bytes);
+      auto index = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+      const JpegEntropyIndexLoad loaded = index->loaded();
+      EXPECT_EQ(index->files(), loaded.entries_loaded);
+      const std::vector<bool> found = decode_with(index, files);
+      if (at < 24) {
+        EXPECT_TRUE(loaded.file_refused);
+        EXPECT_EQ(loaded.entries_loaded, 0u);
+        EXPECT_FALSE(found[0] || found[1]);
+        continue;
+      }
+      const bool in_first = at < first_end;
+      const size_t field = at - (in_first ? 24 : first_end);
+      // MCUs a row, rows (16..24), components, points a row, point count (28..40).
+      const bool in_layout = (field >= 16 && field < 24) || (field >= 28 && field < 40);
+      EXPECT_FALSE(loaded.file_refused);
+      EXPECT_EQ(loaded.entries_refused, 1u);
+      EXPECT_TRUE(!loaded.rest_dropped || in_layout);
+      dropped += loaded.rest_dropped ? 1 : 0;
+      const size_t other_loaded = in_first && loaded.rest_dropped ? 0 : 1;
+      EXPECT_EQ(loaded.entries_loaded, other_loaded);
+      // The entry flipped is never found; the other is when it was loaded.
+      EXPECT_FALSE(found[in_first ? 1 : 0]);
+      EXPECT_EQ(found[in_first ? 0 : 1], other_loaded == 1);
+    }
+  }
+  EXPECT_GT(dropped, 0u);
+}
+
+// Headers of another format, version, byte order or point spacing, an empty file, a missing file
+// and a directory: nothing loaded, the file refused whole (but for the missing one), pixels
+// unchanged, and saving to a directory throws naming it.
+TEST(JpegEntropyIndexFile, ForeignFilesAreRefusedWhole) {
+  testing::TempDir dir;
+  const auto files = two_small_files();
+  const std::vector<uint8_t> full = index_file_of(files, dir / "full.bin");
+  const auto path = dir / "foreign.bin";
+  const auto refused = [&](const std::vector<uint8_t>& bytes, const std::string& what) {
+    SCOPED_TRACE(what);
+    testing::write_bytes(path, bytes);
+    auto index = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+    EXPECT_TRUE(index->loaded().file_found);
+    EXPECT_TRUE(index->loaded().file_refused);
+    EXPECT_NE(index->loaded().refusal.find(path.string()), std::string::npos);
+    EXPECT_EQ(index->loaded().entries_loaded, 0u);
+    EXPECT_EQ(index->files(), 0u);
+    const std::vector<bool> found = decode_with(index, files);
+    EXPECT_FALSE(found[0] || found[1]);
+  };
+  auto changed = [&](size_t at, std::vector<uint8_t> value) {
+    std::vector<uint8_t> bytes = full;
+    std::copy(value.begin(), value.end(), bytes.begin() + static_cast<std::ptrdiff_t>(at));
+    return bytes;
+  };
+  refused(changed(0, {'J', 'F', 'I', 'F'}), "magic");
+  refused(changed(8, {2, 0, 0, 0}), "version 2");
+  refused(changed(12, {1, 2, 3, 4}), "big-endian");
+  refused(changed(16, {16, 0, 0, 0}), "another point spacing");
+  refused(changed(20, {16, 0, 0, 0}), "another point size");
+  refused({}, "empty");
+  refused(std::vector<uint8_t>(full.begin(), full.begin() + 23), "a header cut short");
+  {
+    auto index = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes,
+                                                    dir / "missing.bin");
+    EXPECT_FALSE(index->loaded().file_found);
+    EXPECT_FALSE(index->loaded().file_refused);
+    EXPECT_EQ(index->files(), 0u);
+  }
+  std::filesystem::create_directories(dir / "a-directory");
+  auto index = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes,
+                                                  dir / "a-directory");
+  EXPECT_TRUE(index->loaded().file_found);
+  EXPECT_TRUE(index->loaded().file_refused);
+  EXPECT_NE(index->loaded().refusal.find("a-directory"), std::string::npos);
+  EXPECT_FALSE(decode_with(index, files)[0]);
+  EXPECT_EQ(index->files(), 2u);
+  try {
+    index->save();
+    ADD_FAILURE() << "saving over a directory must throw";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "a-directory").string()), std::string::npos)
+        << e.what();
+  }
+  index.reset();  // its destructor's save fails too, silently
+  EXPECT_TRUE(std::filesystem::is_directory(dir / "a-directory"));
+  EXPECT_TRUE(std::filesystem::is_empty(dir / "a-directory"));
+  // No temporary files left beside it.
+  size_t entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    ++entries;
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
+  }
+  EXPECT_EQ(entries, 3u);  // full.bin, foreign.bin, a-directory
+}
+
+// A budget smaller than the file: the entries that fit are loaded, the most recently used first,
+// the rest counted; what is held stays within the budget.
+TEST(JpegEntropyIndexFile, LoadKeepsToTheBudget) {
+  testing::TempDir dir;
+  std::vector<std::vector<uint8_t>> photos;
+  for (uint64_t seed = 0; seed < 3; ++seed) photos.push_back(make_photo_jpeg(500, 375, seed, 90));
+  const auto path = dir / "index.bin";
+  index_file_of(photos, path);
+  const size_t one = JpegEntropyIndex(JpegEntropyIndex::kDefaultBudgetBytes, path).bytes() / 3;
+  auto index = std::make_shared<JpegEntropyIndex>(2 * one + one / 2, path);
+  EXPECT_EQ(index->loaded().entries_loaded, 2u);
+  EXPECT_EQ(index->loaded().entries_over_budget, 1u);
+  EXPECT_EQ(index->loaded().entries_refused, 0u);
+  EXPECT_LE(index->bytes(), index->budget_bytes());
+  // Photo 2 was decoded last, then photo 1: they are the two loaded (decoded here first, so that
+  // photo 0's new entry pushes neither out before it is looked up).
+  const std::vector<bool> found = decode_with(index, {photos[2], photos[1], photos[0]});
+  EXPECT_EQ(found, (std::vector<bool>{true, true, false}));
+  // A budget of 0 is off: the file is neither read nor written.
+  const std::vector<uint8_t> before = read_file_bytes(path);
+  {
+    JpegEntropyIndex off(0, path);
+    EXPECT_FALSE(off.loaded().file_found);
+    EXPECT_EQ(off.files(), 0u);
+    off.save();
+  }
+  EXPECT_EQ(read_file_bytes(path), before);
+}
+
+// Two indexes saving to the same file at once, over and over: the file is always one of them
+// whole, never torn (each save writes its own file and renames it over the path).
+TEST(JpegEntropyIndexFile, ConcurrentSavesNeverTearTheFile) {
+  testing::TempDir dir;
+  const auto files = two_small_files();
+  const auto path = dir / "shared.bin";
+  auto one = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+  auto both = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+  decode_with(one, {files[0]});
+  decode_with(both, files);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> savers;
+  for (const auto& index : {one, both}) {
+    savers.emplace_back([&stop, index] {
+      for (int i = 0; i < 5000 && !stop; ++i) index->save();
+    });
+  }
+  // The first save's rename, waited for with a bound.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!std::filesystem::exists(path) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::set<size_t> seen;
+  for (int loads = 0; loads < 200; ++loads) {
+    const JpegEntropyIndex reader(JpegEntropyIndex::kDefaultBudgetBytes, path);
+    const JpegEntropyIndexLoad& loaded = reader.loaded();
+    EXPECT_TRUE(loaded.file_found);
+    EXPECT_FALSE(loaded.file_refused) << loaded.refusal;
+    EXPECT_FALSE(loaded.rest_dropped);
+    EXPECT_EQ(loaded.entries_refused, 0u);
+    EXPECT_TRUE(loaded.entries_loaded == 1 || loaded.entries_loaded == 2);
+    seen.insert(loaded.entries_loaded);
+  }
+  stop = true;
+  for (auto& t : savers) t.join();
+  EXPECT_FALSE(seen.empty());
+  for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
+  }
+}
+
+// A save that fails leaves the old file as it was, and names the path and the reason.
+TEST(JpegEntropyIndexFile, AFailedSaveLeavesTheOldFile) {
+  testing::TempDir dir;
+  const auto files = two_small_files();
+  // A name of 250 characters: the file can exist, but a temporary name beside it is too long.
+  const auto path = dir / std::string(250, 'i');
+  const std::vector<uint8_t> old = index_file_of({files[0]}, dir / "one.bin");
+  testing::write_bytes(path, old);
+  auto index = std::make_shared<JpegEntropyIndex>(JpegEntropyIndex::kDefaultBudgetBytes, path);
+  EXPECT_EQ(index->loaded().entries_loaded, 1u);
+  decode_with(index, files);
+  EXPECT_EQ(index->files(), 2u);
+  try {
+    index->save();
+    ADD_FAILURE() << "the save must fail";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENAMETOOLONG)), std::string::npos)
+        << e.what();
+  }
+  index.reset();
+  EXPECT_EQ(read_file_bytes(path), old);
+  // An unwritable directory (only where permissions bind: not for root).
+  if (::geteuid() != 0) {
+    const auto locked = dir / "locked";
+    const auto inside = locked / "index.bin";
+    testing::write_bytes(inside, old);
+    std::filesystem::permissions(
+        locked, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    JpegEntropyIndex second(JpegEntropyIndex::kDefaultBudgetBytes, inside);
+    decode_with(std::shared_ptr<JpegEntropyIndex>(&second, [](JpegEntropyIndex*) {}), files);
+    EXPECT_THROW(second.save(), std::runtime_error);
+    EXPECT_EQ(read_file_bytes(inside), old);
+    std::filesystem::permissions(locked, std::filesystem::perms::owner_all);
+  }
 }
 
 }  // namespace

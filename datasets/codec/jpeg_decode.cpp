@@ -438,7 +438,26 @@ int dct_scale_for(int width, int height, int min_width, int min_height,
 
 JpegEntropyIndex::JpegEntropyIndex(size_t budget_bytes)
     : store_(std::make_unique<detail::EntropyIndexStore>(budget_bytes)) {}
-JpegEntropyIndex::~JpegEntropyIndex() = default;
+JpegEntropyIndex::JpegEntropyIndex(size_t budget_bytes, std::filesystem::path file)
+    : JpegEntropyIndex(budget_bytes) {
+  file_ = std::move(file);
+  if (budget_bytes == 0 || file_.empty()) return;
+  loaded_ = detail::load_index_file(file_, *store_);
+  saved_changes_ = store_->changes();
+}
+JpegEntropyIndex::~JpegEntropyIndex() {
+  if (file_.empty() || store_->budget_bytes() == 0 || store_->changes() == saved_changes_) return;
+  try {
+    save();
+  } catch (...) {  // best effort, as documented: save() reports errors
+  }
+}
+void JpegEntropyIndex::save() {
+  if (file_.empty() || store_->budget_bytes() == 0) return;
+  const uint64_t changes = store_->changes();
+  detail::save_index_file(file_, *store_);
+  saved_changes_ = changes;
+}
 size_t JpegEntropyIndex::budget_bytes() const { return store_->budget_bytes(); }
 size_t JpegEntropyIndex::bytes() const { return store_->bytes(); }
 size_t JpegEntropyIndex::files() const { return store_->files(); }

@@ -18,11 +18,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <list>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
+
+#include "conveyor/jpeg.h"
 
 namespace conveyor::detail {
 
@@ -68,6 +71,15 @@ struct FileIndex {
 // A 64-bit hash of `size` bytes (not cryptographic; several GB/s).
 uint64_t hash_bytes(const uint8_t* data, size_t size);
 
+class EntropyIndexStore;
+
+// Reads the index file at `path` into `store` (EntropyIndexStore::load); a missing file loads
+// nothing, and one that cannot be read is refused whole. Never throws for the file.
+JpegEntropyIndexLoad load_index_file(const std::filesystem::path& path, EntropyIndexStore& store);
+// Writes `store`'s entries to `path` atomically (a new file in the same directory, flushed, then
+// renamed over `path`). Throws std::runtime_error naming the path and strerror's text.
+void save_index_file(const std::filesystem::path& path, const EntropyIndexStore& store);
+
 // The index store, shared by every decoder given the same JpegEntropyIndex.
 class EntropyIndexStore {
  public:
@@ -83,6 +95,19 @@ class EntropyIndexStore {
   void merge(const FileIndex& index);
   size_t bytes() const;
   size_t files() const;
+  // How many merges changed the store so far (JpegEntropyIndex saves only after a change).
+  uint64_t changes() const;
+
+  // The index file's bytes (the format is in jpeg_entropy_index.cpp): every entry held, the most
+  // recently used first, copied under the lock.
+  std::vector<uint8_t> serialize() const;
+  // Adds the entries of an index file's bytes, in their order and behind those held, while they
+  // fit the budget. Trusts nothing in `data`: a header that is not this format's refuses it
+  // whole; an entry whose checksum fails or whose key is held already is skipped; an entry whose
+  // layout is inconsistent, or that the data's end cuts short, ends the load. Allocates at most
+  // what the accepted entries hold. Does not count as a change.
+  JpegEntropyIndexLoad load(const uint8_t* data, size_t size);
+
   // For tests: applies `change` to every entry without updating its checksum, as memory
   // corruption would.
   void tamper(const std::function<void(FileIndex&)>& change);
@@ -108,6 +133,7 @@ class EntropyIndexStore {
   std::unordered_map<Key, Entry, KeyHash> entries_;
   std::list<Key> lru_;  // most recently used first
   size_t bytes_ = 0;
+  uint64_t changes_ = 0;
 };
 
 }  // namespace conveyor::detail

@@ -7,6 +7,7 @@ covers its output. They are not callables on tensors: pass one to a dataset.
 
 from __future__ import annotations
 
+import os
 from typing import Dict, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _C, _options
@@ -36,17 +37,46 @@ class JpegEntropyIndex:
     the budget (ImageNet's 1.28M photos need about 1.7 GB) or to share one between datasets, and
     ``JpegEntropyIndex(0)`` to turn it off::
 
-        index = conveyor.JpegEntropyIndex(budget_mib=2048)
+        index = conveyor.JpegEntropyIndex(budget_mib=2048, file="/local/imagenet.cvyjidx")
         data = conveyor.ImageFolder(root, transform=conveyor.RandomResizedCrop(224, entropy_index=index))
         ...
         print(index.files, index.bytes)  # what it holds now
+
+    With ``file``, the index starts with the file's entries when it exists (``loaded`` says what
+    it found: entries loaded, refused, left over the budget, or the file refused whole, and why)
+    and :meth:`save` writes every entry back atomically, so that the next run starts indexed
+    (about 1.2 KB a photo on disk); it is also saved, best effort, when the last reference to it
+    goes. A file of another format, or entries whose checksum fails, are ignored, and an entry is
+    used only for the same bytes, so a changed image is decoded as if unindexed. The checksums
+    catch corruption, not forgery: keep the file where only you write, as the images.
     """
 
-    def __init__(self, budget_mib: int = 64) -> None:
+    def __init__(self, budget_mib: int = 64, file: Optional[Union[str, "os.PathLike[str]"]] = None
+                 ) -> None:
         if isinstance(budget_mib, bool) or not isinstance(budget_mib, int) or budget_mib < 0:
             raise ValueError(f"conveyor: JpegEntropyIndex budget_mib must be an int >= 0, "
                              f"not {budget_mib!r}")
-        self._cpp = _C.JpegEntropyIndex(budget_mib << 20)
+        path = "" if file is None else os.fspath(file)
+        if not isinstance(path, str) or (file is not None and not path):
+            raise ValueError(f"conveyor: JpegEntropyIndex file must be a path, not {file!r}")
+        self._cpp = _C.JpegEntropyIndex(budget_mib << 20, path)
+
+    @property
+    def file(self) -> Optional[str]:
+        """The file it is kept in, or None."""
+        return self._cpp.file or None
+
+    @property
+    def loaded(self) -> Dict[str, object]:
+        """What the file held when it was made: file_found, file_refused, refusal (naming the
+        path), entries_loaded, entries_refused, entries_over_budget, rest_dropped."""
+        return self._cpp.loaded
+
+    def save(self) -> None:
+        """Writes every entry held to the file, atomically (a new file beside it, then a
+        rename). Raises RuntimeError naming the path when it cannot write; does nothing without
+        a file or with a budget of 0."""
+        self._cpp.save()
 
     @property
     def budget_bytes(self) -> int:

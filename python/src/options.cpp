@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <memory>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -79,10 +81,31 @@ void bind_options(py::module_& m) {
 
   py::class_<JpegEntropyIndex, std::shared_ptr<JpegEntropyIndex>>(
       m, "JpegEntropyIndex", "conveyor::JpegEntropyIndex (conveyor/jpeg.h)")
-      .def(py::init<size_t>(), py::arg("budget_bytes") = JpegEntropyIndex::kDefaultBudgetBytes)
+      .def(py::init([](size_t budget_bytes, const std::string& file) {
+             return file.empty() ? std::make_shared<JpegEntropyIndex>(budget_bytes)
+                                 : std::make_shared<JpegEntropyIndex>(
+                                       budget_bytes, std::filesystem::path(file));
+           }),
+           py::arg("budget_bytes") = JpegEntropyIndex::kDefaultBudgetBytes,
+           py::arg("file") = std::string())
       .def_property_readonly("budget_bytes", &JpegEntropyIndex::budget_bytes)
       .def_property_readonly("bytes", &JpegEntropyIndex::bytes)
-      .def_property_readonly("files", &JpegEntropyIndex::files);
+      .def_property_readonly("files", &JpegEntropyIndex::files)
+      .def_property_readonly("file", [](const JpegEntropyIndex& i) { return i.file().string(); })
+      .def_property_readonly("loaded",
+                             [](const JpegEntropyIndex& i) {
+                               const JpegEntropyIndexLoad& l = i.loaded();
+                               py::dict d;
+                               d["file_found"] = l.file_found;
+                               d["file_refused"] = l.file_refused;
+                               d["refusal"] = l.refusal;
+                               d["entries_loaded"] = l.entries_loaded;
+                               d["entries_refused"] = l.entries_refused;
+                               d["entries_over_budget"] = l.entries_over_budget;
+                               d["rest_dropped"] = l.rest_dropped;
+                               return d;
+                             })
+      .def("save", &JpegEntropyIndex::save, py::call_guard<py::gil_scoped_release>());
   py::class_<ImageTransform> transform(m, "ImageTransform",
                                        "conveyor::ImageTransform (conveyor/datasets.h)");
   py::enum_<ImageTransform::Mode>(transform, "Mode")

@@ -165,7 +165,7 @@ def test_restart_marker_copies_decode_to_the_same_pixels(photos, tmp_path):
     assert torch.equal(next(iter(original)).images, next(iter(restart)).images)
 
 
-def test_the_entropy_index_fills_in_epoch_one_and_leaves_every_batch_unchanged(photos):
+def test_the_entropy_index_fills_in_epoch_one_and_leaves_every_batch_unchanged(photos, tmp_path):
     """conveyor.JpegEntropyIndex (issue 35): each JPEG gets an entry the first time it is decoded,
     and the later epochs, which start the crop's rows from it, give the bytes of a loader without
     one."""
@@ -191,6 +191,23 @@ def test_the_entropy_index_fills_in_epoch_one_and_leaves_every_batch_unchanged(p
         assert (e1, i1) == (e2, i2)
         assert torch.equal(im1, im2), f"epoch {e1}: other pixels with the index"
         assert torch.equal(l1, l2)
+    # Kept in a file: the next run's index starts with every entry, and gives the same bytes.
+    path = tmp_path / "photos.cvyjidx"
+    kept = conveyor.JpegEntropyIndex(budget_mib=1, file=path)
+    assert kept.file == str(path) and not kept.loaded["file_found"]
+    run(kept, 1)
+    kept.save()
+    reloaded = conveyor.JpegEntropyIndex(budget_mib=1, file=path)
+    assert reloaded.loaded["entries_loaded"] == index.files
+    assert reloaded.loaded["entries_refused"] == 0 and not reloaded.loaded["file_refused"]
+    for (e1, i1, im1, _), (e2, i2, im2, _) in zip(run(reloaded, 2), plain):
+        assert (e1, i1) == (e2, i2) and torch.equal(im1, im2)
+    path.write_bytes(b"not an index")
+    refused = conveyor.JpegEntropyIndex(file=path)
+    assert refused.loaded["file_refused"] and str(path) in refused.loaded["refusal"]
+    assert refused.files == 0
+    with pytest.raises(RuntimeError, match="no-such-dir"):
+        conveyor.JpegEntropyIndex(file=tmp_path / "no-such-dir" / "x.cvyjidx").save()
     for bad in (-1, 1.5, True, "64"):
         with pytest.raises(ValueError, match="budget_mib must be an int >= 0"):
             conveyor.JpegEntropyIndex(bad)

@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -56,29 +57,64 @@ namespace detail {
 class EntropyIndexStore;
 }
 
-// An in-memory index of JPEG files' entropy-coded data, the companion of
-// DecodeOptions::own_entropy_decoder (issue 35, step 3). While the own decoder decodes a file it
-// saves its state (bit position and DC predictors) at the start of every MCU row and every 8 MCUs
-// within it, where its decode passes; a later decode of the same bytes starts each of the crop's
-// MCU rows at the saved state nearest at or before the crop's first column, and parses nothing
-// above the crop. An index fills up over epochs: the first decode of a file parses what it parses
-// without one. A file decoded from the restart segments that cover the box
+// What JpegEntropyIndex found in its file at construction (JpegEntropyIndex::loaded()).
+struct JpegEntropyIndexLoad {
+  bool file_found = false;  // the path existed
+  // Refused whole, nothing loaded: unreadable (a directory, no permission), or a header that is
+  // not this format's (magic, version, byte order, point spacing), an empty file included.
+  bool file_refused = false;
+  std::string refusal;             // why it was refused whole, naming the path; empty otherwise
+  size_t entries_loaded = 0;       // entries now held
+  size_t entries_refused = 0;      // a failed checksum, a key seen before, or rest_dropped's entry
+  size_t entries_over_budget = 0;  // valid, but left out to keep to the budget
+  // An entry cut short by the file's end, or whose layout is inconsistent (so its length cannot
+  // be trusted): it counts as refused, and the rest of the file is dropped.
+  bool rest_dropped = false;
+};
+
+// An index of JPEG files' entropy-coded data, the companion of DecodeOptions::own_entropy_decoder
+// (issue 35, step 3), in memory and optionally kept in a file between runs. While the own decoder
+// decodes a file it saves its state (bit position and DC predictors) at the start of every MCU row
+// and every 8 MCUs within it, where its decode passes; a later decode of the same bytes starts
+// each of the crop's MCU rows at the saved state nearest at or before the crop's first column,
+// and parses nothing above the crop. An index fills up over epochs: the first decode of a file
+// parses what it parses without one. A file decoded from the restart segments that cover the box
 // (DecodeOptions::restart_segments) needs no index and is not indexed. A 500x375 4:2:0 photo's
 // entry holds 96 states of 12 bytes (about 1.3 KB with its bookkeeping, 1.2-1.4% of the files
-// measured; BENCHMARKS.md).
+// measured; BENCHMARKS.md); in the file it takes 1,200 bytes.
+//
+// With a file (the second constructor), the index starts with the file's entries (the most
+// recently used first, up to the budget) and save() writes every entry held back to it, so that
+// a run, or the next one, starts indexed. The file's layout is trusted in nothing: its header must
+// be this format's, each entry's layout must be consistent and its checksum must hold, and an
+// entry that fails is skipped and counted (loaded()); reading any file is memory-safe and bounded
+// by its size. An entry is found only for the same bytes, so an entry of a file whose bytes have
+// changed since (a stale entry) is never used; it stays in the file, taking space, until the
+// budget pushes it out. The checksums catch corruption, not forgery: the file must be as trusted
+// as the images, since an entry forged with a valid checksum (they are not cryptographic) can
+// change the pixels of the image it names (a state at a wrong position that still parses cannot
+// be told from a right one), though never read or write out of bounds.
 //
 // Requires: shared by any number of JpegDecoders, in any threads (one lock around each file's
-// look-up and store, never held while decoding). Without the own decoder it is unused.
+// look-up and store, never held while decoding). Without the own decoder it is unused. Processes
+// that save to the same file each write their own entries: the last save wins whole. A file, if
+// given, as trusted as the images (above).
 // Guarantees: the pixels, and the errors, are those of a decode without it. A file's entry is
 // found only for the same bytes (a 64-bit hash of the whole data decoded, and its size) and the
 // same scan layout, and only while its checksum holds (an entry that fails it is dropped); a
 // state that does not fit the scan makes the own decoder refuse, and the image is decoded by
 // libjpeg-turbo alone. At most `budget_bytes` are held; the least recently used files' entries
-// leave first. A budget of 0 turns the index off (nothing is hashed or stored).
+// leave first. A budget of 0 turns the index off (nothing is hashed or stored, and its file is
+// neither read nor written).
 class JpegEntropyIndex {
  public:
   static constexpr size_t kDefaultBudgetBytes = size_t{64} << 20;
   explicit JpegEntropyIndex(size_t budget_bytes = kDefaultBudgetBytes);
+  // Loads `file` when it exists (loaded() says what it held); never throws for the file's
+  // content or for a path that cannot be read.
+  JpegEntropyIndex(size_t budget_bytes, std::filesystem::path file);
+  // With a file, saves as save() does when an entry was added since the load or the last save;
+  // best effort: a failed save here is skipped silently (call save() to see errors).
   ~JpegEntropyIndex();
   JpegEntropyIndex(const JpegEntropyIndex&) = delete;
   JpegEntropyIndex& operator=(const JpegEntropyIndex&) = delete;
@@ -87,11 +123,23 @@ class JpegEntropyIndex {
   // The bytes held now, and the number of files indexed.
   size_t bytes() const;
   size_t files() const;
+  // The file given (empty: none), and what its load found.
+  const std::filesystem::path& file() const { return file_; }
+  const JpegEntropyIndexLoad& loaded() const { return loaded_; }
+  // Writes every entry held to the file, atomically: to a new file in the same directory, flushed
+  // to disk, then renamed over it, so that a crash or a concurrent save never leaves a torn file
+  // (and a failed save leaves the old one as it was). Safe alongside decodes (the entries are
+  // copied under the lock). Does nothing without a file or with a budget of 0.
+  // Throws std::runtime_error naming the path and the system's reason when it cannot write.
+  void save();
   // The store JpegDecoder uses (codec/jpeg_entropy_index.h; internal).
   detail::EntropyIndexStore& store() const { return *store_; }
 
  private:
   std::unique_ptr<detail::EntropyIndexStore> store_;
+  std::filesystem::path file_;
+  JpegEntropyIndexLoad loaded_;
+  uint64_t saved_changes_ = 0;  // the store's change count at the load or the last save
 };
 
 // DecodeOptions::dct_scales masks: bit M allows the scale M/8.
