@@ -83,8 +83,8 @@ void bind_options(py::module_& m) {
       m, "JpegEntropyIndex", "conveyor::JpegEntropyIndex (conveyor/jpeg.h)")
       .def(py::init([](size_t budget_bytes, const std::string& file) {
              return file.empty() ? std::make_shared<JpegEntropyIndex>(budget_bytes)
-                                 : std::make_shared<JpegEntropyIndex>(
-                                       budget_bytes, std::filesystem::path(file));
+                                 : std::make_shared<JpegEntropyIndex>(budget_bytes,
+                                                                      std::filesystem::path(file));
            }),
            py::arg("budget_bytes") = JpegEntropyIndex::kDefaultBudgetBytes,
            py::arg("file") = std::string())
