@@ -99,7 +99,9 @@ j = json.load(open(sys.argv[2]))
 work = j["time_read_seconds"] + j["time_decode_seconds"] + j["time_transform_seconds"]
 assert j["time_decode_seconds"] > 0 and j["time_transform_seconds"] > 0, j
 assert work <= j["fill_seconds"] * 1.001 + 1e-3, (work, j["fill_seconds"])
-assert j["time_decode_seconds"] > j["time_transform_seconds"], j
+# The crop's decode is its own share, not folded into the transform's (with the own entropy
+# decoder, issue 35, the decode no longer always outweighs the resize on these small photos).
+assert j["time_decode_seconds"] > 0.25 * (j["time_decode_seconds"] + j["time_transform_seconds"]), j
 PY
 # --workers auto: Conveyor tunes within --max-workers (the ceiling runs that many threads); the JSON
 # gives its choice over time and the CPU each run used, the plot draws the choice.
