@@ -7,6 +7,15 @@
 // same files it decoded a little faster (BENCHMARKS.md, "PNG: libspng or libpng": 1.03-1.12x on
 // 500x375 8-bit RGB and RGBA, half of them interlaced, whole decodes). An interlaced (Adam7) image
 // has no row order to stop in: it is decoded whole, then cut.
+//
+// The image data of a non-interlaced image go through libdeflate instead (png_scanlines.h), whose
+// inflate was about twice zlib's on photos (BENCHMARKS.md, "PNG through libdeflate"): libspng
+// still reads and checks the header and the chunks before the image data, then PngScanlines
+// inflates the IDAT chunks whole, checks every CRC, the stream's Adler-32 and IEND, and unfilters
+// rows in order down to the region's last. A file it does not take (a damaged chunk or stream,
+// IDATs apart, no IEND) is decoded by libspng as before, which names the damage or, when the
+// damage lies below the region, decodes the region's rows: the pixels and the errors are libspng's
+// either way (png_test compares both paths on every kind).
 #include <spng.h>
 
 #include <algorithm>
@@ -18,6 +27,7 @@
 #include <vector>
 
 #include "codec/image_codec.h"
+#include "codec/png_scanlines.h"
 
 namespace conveyor::detail {
 
@@ -42,6 +52,8 @@ class PngDecoder final : public ImageDecoder {
   }
 
   ImageInfo begin(const uint8_t* data, size_t size) override {
+    data_ = data;
+    size_ = size;
     ctx_.reset(spng_ctx_new(0));  // a context reads one file: a fresh one per image
     if (!ctx_) throw std::bad_alloc();
     check(spng_set_png_buffer(ctx_.get(), data, size), "reading the file");
@@ -133,6 +145,11 @@ class PngDecoder final : public ImageDecoder {
         }
       }
     };
+    if (scanlines_through(ctx.get(), y + height - 1)) {
+      for (int r = y; r < y + height; ++r) unpack(scanlines_.row(static_cast<uint32_t>(r)), r);
+      region.samples = region_.data();
+      return region;
+    }
     check(spng_decoded_image_size(ctx.get(), SPNG_FMT_RAW, &packed_row), "sizing the image");
     packed_row /= static_cast<size_t>(full_h);
     if (ihdr_.interlace_method != SPNG_INTERLACE_NONE) {
@@ -217,6 +234,12 @@ class PngDecoder final : public ImageDecoder {
     image.height = height;
     image.channels = channels_;
     image.scale = 8;
+    if (ihdr_.bit_depth == 8 && !(trns && has_trns(ctx.get())) &&
+        ihdr_.color_type != SPNG_COLOR_TYPE_INDEXED &&
+        scanlines_through(ctx.get(), y + height - 1)) {
+      convert_rows(x, y, width, height, image);
+      return image;
+    }
     if (ihdr_.interlace_method != SPNG_INTERLACE_NONE) {
       // Adam7 passes cover the whole image each: decoded whole, then cut.
       size_t size = 0;
@@ -261,6 +284,91 @@ class PngDecoder final : public ImageDecoder {
     if (last == full_h - 1) verify_end(ctx.get());
     image.pixels = narrowing ? region_.data() : region_.data() + static_cast<size_t>(x) * in_pixel;
     return image;
+  }
+
+  // Whether the image data of the image begin() read went through PngScanlines, and its rows are
+  // unfiltered down to `last`: false for an interlaced image, and for a file PngScanlines leaves
+  // to libspng (then `ctx` is untouched beyond the chunks before the image data).
+  bool scanlines_through(spng_ctx* ctx, int last) {
+    if (ihdr_.interlace_method != SPNG_INTERLACE_NONE) return false;
+    // libspng reads and checks every chunk before the first IDAT (PLTE, tRNS, ...): a damaged one
+    // is left to its decode, which names it.
+    spng_trns trns{};
+    const int status = spng_get_trns(ctx, &trns);
+    if (status != 0 && status != SPNG_ECHUNKAVAIL) return false;
+    PngRowLayout layout;
+    layout.width = ihdr_.width;
+    layout.height = ihdr_.height;
+    layout.bits_per_pixel = file_channels() * ihdr_.bit_depth;
+    if (scanlines_.read(data_, size_, layout) != nullptr) return false;
+    return scanlines_.unfilter_through(static_cast<uint32_t>(last));
+  }
+
+  // Whether the file has a tRNS chunk (false also when its chunks cannot be read: the decode that
+  // follows names the damage).
+  static bool has_trns(spng_ctx* ctx) {
+    spng_trns trns{};
+    return spng_get_trns(ctx, &trns) == 0;
+  }
+
+  // Samples a pixel in the file's rows: 1 gray or palette, 2 gray + alpha, 3 RGB, 4 RGBA.
+  int file_channels() const {
+    switch (ihdr_.color_type) {
+      case SPNG_COLOR_TYPE_TRUECOLOR:
+        return 3;
+      case SPNG_COLOR_TYPE_TRUECOLOR_ALPHA:
+        return 4;
+      case SPNG_COLOR_TYPE_GRAYSCALE_ALPHA:
+        return 2;
+      default:
+        return 1;
+    }
+  }
+
+  // The region of an 8-bit gray, gray + alpha, RGB or RGBA file's unfiltered rows as RGB8 or
+  // RGBA8 (channels_), as libspng's SPNG_FMT_RGB8 / SPNG_FMT_RGBA8 give them without a tRNS
+  // chunk applied: alpha kept in RGBA8 and dropped in RGB8, 255 where the file has none, gray
+  // replicated. Where the file's pixels are already the output's, the rows are pointed to.
+  void convert_rows(int x, int y, int width, int height, DecodedImage& image) {
+    const int in = file_channels();
+    const size_t out = static_cast<size_t>(channels_);
+    if (in == channels_) {  // RGB to RGB8, RGBA to RGBA8
+      image.pixels = scanlines_.row(static_cast<uint32_t>(y)) + static_cast<size_t>(x) * out;
+      image.stride = scanlines_.stride();
+      return;
+    }
+    image.stride = static_cast<size_t>(width) * out;
+    const size_t rows = static_cast<size_t>(height);
+    if (region_.size() < image.stride * rows) region_.resize(image.stride * rows);
+    for (size_t r = 0; r < rows; ++r) {
+      const uint8_t* from = scanlines_.row(static_cast<uint32_t>(y) + static_cast<uint32_t>(r)) +
+                            static_cast<size_t>(x) * static_cast<size_t>(in);
+      uint8_t* to = region_.data() + r * image.stride;
+      for (int i = 0; i < width; ++i, from += in, to += out) {
+        switch (in) {
+          case 1:  // gray
+            to[0] = to[1] = to[2] = from[0];
+            if (out == 4) to[3] = 255;
+            break;
+          case 2:  // gray + alpha
+            to[0] = to[1] = to[2] = from[0];
+            if (out == 4) to[3] = from[1];
+            break;
+          case 3:  // RGB to RGBA8
+            to[0] = from[0];
+            to[1] = from[1];
+            to[2] = from[2];
+            to[3] = 255;
+            break;
+          default:  // RGBA to RGB8
+            to[0] = from[0];
+            to[1] = from[1];
+            to[2] = from[2];
+            break;
+        }
+      }
+    }
+    image.pixels = region_.data();
   }
 
   // The image's samples, in the file's packing (SPNG_FMT_RAW: packed below 8 bits, big-endian at
@@ -333,6 +441,9 @@ class PngDecoder final : public ImageDecoder {
   DecodeLimits limits_;
   int channels_;
   std::unique_ptr<spng_ctx, SpngFree> ctx_;  // the image begin() read, until finish_region()
+  const uint8_t* data_ = nullptr;            // its bytes, valid until finish_region() returns
+  size_t size_ = 0;
+  PngScanlines scanlines_;  // its image data through libdeflate, when PngScanlines takes them
   spng_ihdr ihdr_{};
   std::vector<uint8_t> scratch_;  // one row above the region, or a 16-bit row
   std::vector<uint8_t> region_;   // the region's rows (full rows for 8 bits)
