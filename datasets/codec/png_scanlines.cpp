@@ -20,6 +20,16 @@ uint32_t load_be32(const uint8_t* p) {
 constexpr size_t kChunkOverhead = 12;
 constexpr size_t kSignatureBytes = 8;
 constexpr uint32_t kMaxChunkLength = 0x7fffffffu;  // PNG's bound on a chunk's length
+// A buffer over this size, once an image needs under a quarter of it, is given back: one huge
+// PNG in a dataset does not pin its size in every worker for the rest of the run.
+constexpr size_t kKeptBytes = size_t{64} << 20;
+
+void fit(std::vector<uint8_t>& buffer, size_t bytes) {
+  if (buffer.capacity() > kKeptBytes && bytes < buffer.capacity() / 4) {
+    std::vector<uint8_t>().swap(buffer);
+  }
+  buffer.resize(bytes);
+}
 
 bool chunk_is(const uint8_t* chunk, const char (&type)[5]) {
   return std::memcmp(chunk + 4, type, 4) == 0;
@@ -138,7 +148,7 @@ const char* PngScanlines::read(const uint8_t* png, size_t size, const PngRowLayo
   if (!iend) return "no IEND chunk";
   const uint8_t* stream = first_idat;
   if (idat_chunks > 1) {
-    idat_.resize(idat_bytes);
+    fit(idat_, idat_bytes);
     size_t filled = 0;
     for (size_t pos = static_cast<size_t>(first_idat - png) - 8; filled < idat_bytes;) {
       const uint32_t length = load_be32(png + pos);
@@ -152,7 +162,7 @@ const char* PngScanlines::read(const uint8_t* png, size_t size, const PngRowLayo
   }
   // begin() refused a file too short for its rows, so `total` is within deflate's 1032:1 of the
   // file's size.
-  rows_.resize(total);
+  fit(rows_, total);
   size_t consumed = 0;
   const libdeflate_result result = libdeflate_zlib_decompress_ex(
       inflater_.get(), stream, idat_bytes, rows_.data(), rows_.size(), &consumed, nullptr);

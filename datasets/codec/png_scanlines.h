@@ -50,7 +50,8 @@ class PngScanlines {
   // by libspng) whose rows are `layout`. Returns null on success, else a static string saying why
   // the file is left to libspng (a chunk past the file's end, a bad CRC, IDATs not consecutive,
   // no IEND, a stream that does not inflate to exactly the declared rows). Buffers are kept across
-  // calls; `png` need not outlive the call.
+  // calls (one over 64 MiB is given back when an image needs under a quarter of it); `png` need
+  // not outlive the call.
   const char* read(const uint8_t* png, size_t size, const PngRowLayout& layout);
 
   // Unfilters rows up to `last` (inclusive; rows before it already unfiltered are kept). Returns
