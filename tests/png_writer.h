@@ -6,10 +6,13 @@
 // Every colour type and the bit depths PNG allows for it (gray 1, 2, 4, 8, 16; palette 1, 2, 4, 8;
 // gray + alpha, RGB and RGBA 8 and 16), interlaced (Adam7) or not, with a tRNS chunk where the
 // colour type takes one. Rows cycle through the five filters (None, Sub, Up, Average, Paeth).
+// png_with_layout cuts a file's zlib stream into other IDAT chunks (one, many of a few bytes,
+// empty ones among them) with tEXt chunks before and after them: the same pixels, other framing.
 #pragma once
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -276,6 +279,88 @@ inline void encode(PngFile& f, std::mt19937_64& rng) {
 }
 
 }  // namespace png_detail
+
+// A PNG's chunks, in order: the type and the data (lengths and CRCs are the file's framing).
+struct PngChunk {
+  std::string type;
+  std::vector<uint8_t> data;
+};
+
+// The chunks of `file` after its signature; throws when a chunk runs past the end (the files
+// read here are png_writer.h's own).
+inline std::vector<PngChunk> png_chunks(const std::vector<uint8_t>& file) {
+  std::vector<PngChunk> chunks;
+  for (size_t at = 8; at + 12 <= file.size();) {
+    const size_t length = size_t{file[at]} << 24 | size_t{file[at + 1]} << 16 |
+                          size_t{file[at + 2]} << 8 | size_t{file[at + 3]};
+    if (length > file.size() - at - 12)
+      throw std::runtime_error("png_chunks: a chunk past the end");
+    PngChunk c;
+    c.type.assign(reinterpret_cast<const char*>(file.data() + at + 4), 4);
+    c.data.assign(file.begin() + static_cast<long>(at + 8),
+                  file.begin() + static_cast<long>(at + 8 + length));
+    chunks.push_back(std::move(c));
+    at += 12 + length;
+  }
+  return chunks;
+}
+
+// The file of `chunks`: the signature, then each chunk with its length and CRC.
+inline std::vector<uint8_t> png_of_chunks(const std::vector<PngChunk>& chunks) {
+  const uint8_t signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  std::vector<uint8_t> out(signature, signature + 8);
+  for (const PngChunk& c : chunks) png_detail::chunk(out, c.type.c_str(), c.data);
+  return out;
+}
+
+// How a file's image data is cut into IDAT chunks, and which other chunks stand around them.
+struct PngLayout {
+  size_t idat_max = 0;       // 0: one IDAT holds the whole stream; else IDATs of 1..idat_max
+                             // bytes each, their sizes drawn at random
+  int empty_idats = 0;       // zero-length IDATs put among the others (before, between, last)
+  bool text_before = false;  // a tEXt chunk just before the first IDAT
+  bool text_after = false;   // a tEXt chunk between the last IDAT and IEND
+};
+
+// `file` (png_writer.h's) with its image data re-cut as `layout` says, the cuts drawn from
+// `seed`: the same zlib stream, so the same pixels, in other chunks.
+inline std::vector<uint8_t> png_with_layout(const std::vector<uint8_t>& file,
+                                            const PngLayout& layout, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const std::vector<PngChunk> chunks = png_chunks(file);
+  std::vector<PngChunk> before, idats;
+  std::vector<uint8_t> stream;
+  for (const PngChunk& c : chunks) {
+    if (c.type == "IDAT") {
+      stream.insert(stream.end(), c.data.begin(), c.data.end());
+    } else if (c.type != "IEND") {
+      before.push_back(c);
+    }
+  }
+  for (size_t at = 0; at < stream.size();) {
+    const size_t n =
+        layout.idat_max == 0
+            ? stream.size()
+            : std::min(stream.size() - at, 1 + static_cast<size_t>(rng() % layout.idat_max));
+    idats.push_back({"IDAT", std::vector<uint8_t>(stream.begin() + static_cast<long>(at),
+                                                  stream.begin() + static_cast<long>(at + n))});
+    at += n;
+  }
+  for (int i = 0; i < layout.empty_idats; ++i) {
+    const size_t where = i == 0 ? 0 : i == 1 ? idats.size() : rng() % (idats.size() + 1);
+    idats.insert(idats.begin() + static_cast<long>(where), PngChunk{"IDAT", {}});
+  }
+  auto text = [](const std::string& words) {
+    const std::string s = std::string("Comment") + '\0' + words;
+    return PngChunk{"tEXt", std::vector<uint8_t>(s.begin(), s.end())};
+  };
+  std::vector<PngChunk> out = before;
+  if (layout.text_before) out.push_back(text("before the image data"));
+  out.insert(out.end(), idats.begin(), idats.end());
+  if (layout.text_after) out.push_back(text("after the image data"));
+  out.push_back({"IEND", {}});
+  return png_of_chunks(out);
+}
 
 // A PNG whose IHDR declares width x height with almost no data behind it (a decompression bomb's
 // header): a 1x1 gray image's file with its IHDR rewritten (CRC included).
