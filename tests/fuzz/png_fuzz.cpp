@@ -9,13 +9,24 @@
 // expected outcomes; a crash, a sanitizer report, a leak, a timeout or an out-of-memory is a
 // finding.
 //
+// Before that, every input goes through a differential pass over the libdeflate path of
+// non-interlaced files (codec/png_scanlines.h): where PngScanlines reads the file and unfilters
+// every row, libspng's own progressive decode of it (SPNG_FMT_RAW, spng_decode_row for every row)
+// must succeed and give the same rows; a difference is a finding (abort). The chunks after the
+// image data are not compared: libspng checks ancillary chunks' contents there, which
+// PngScanlines leaves alone.
+//
 // `conveyor-png-fuzz --write-seeds DIR` writes the seed corpus (every colour type and bit depth,
-// interlaced or not, with tRNS, at small odd sizes: tests/png_writer.h; and a header declaring a
-// huge image), each with a config tail, and exits. tests/fuzz/conveyor-png-fuzz.dict holds PNG's
-// chunk names.
+// interlaced or not, with tRNS, at small odd sizes: tests/png_writer.h; the same image data in
+// other chunk layouts: many small IDATs, empty ones, tEXt before and after them; and a header
+// declaring a huge image), each with a config tail, and exits. tests/fuzz/conveyor-png-fuzz.dict
+// holds PNG's chunk names.
+
+#include <spng.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -23,6 +34,7 @@
 
 #include "../png_writer.h"
 #include "codec/image_codec.h"
+#include "codec/png_scanlines.h"
 #include "conveyor/datasets.h"
 #include "image_fuzz.h"
 
@@ -46,11 +58,74 @@ std::vector<std::vector<uint8_t>> seed_files() {
       files.push_back(conveyor::testing::make_png(kind, seed++).bytes);
     }
   }
+  // The chunk layouts of the libdeflate path (non-interlaced): IDATs of a few bytes each, empty
+  // IDATs among them, tEXt before and after them.
+  for (PngSpec kind : conveyor::testing::every_png_kind()) {
+    kind.width = 11;
+    kind.height = 6;
+    kind.transparency = seed % 2 == 0 && kind.color_type != 4 && kind.color_type != 6;
+    conveyor::testing::PngLayout layout;
+    layout.idat_max = 1 + seed % 7;
+    layout.empty_idats = static_cast<int>(seed % 3);
+    layout.text_before = seed % 2 == 1;
+    layout.text_after = true;
+    files.push_back(conveyor::testing::png_with_layout(
+        conveyor::testing::make_png(kind, seed).bytes, layout, seed));
+    ++seed;
+  }
   files.push_back(conveyor::testing::png_declaring(100000, 100000));
   return files;
 }
 
+struct SpngFree {
+  void operator()(spng_ctx* ctx) const { spng_ctx_free(ctx); }
+};
+
+// The differential pass (see the top): PngScanlines against libspng's rows, on the files the PNG
+// decoder would give it (non-interlaced, within its limits and deflate's 1032:1 bound, the chunks
+// before the image data read by libspng without error).
+void compare_with_libspng(const uint8_t* png, size_t size) {
+  std::unique_ptr<spng_ctx, SpngFree> ctx(spng_ctx_new(0));
+  if (!ctx || spng_set_png_buffer(ctx.get(), png, size) != 0 ||
+      spng_set_chunk_limits(ctx.get(), size_t{64} << 20, size_t{128} << 20) != 0) {
+    return;
+  }
+  spng_ihdr ihdr{};
+  if (spng_get_ihdr(ctx.get(), &ihdr) != 0 || ihdr.interlace_method != SPNG_INTERLACE_NONE) return;
+  const uint64_t channels = ihdr.color_type == SPNG_COLOR_TYPE_TRUECOLOR_ALPHA   ? 4
+                            : ihdr.color_type == SPNG_COLOR_TYPE_TRUECOLOR       ? 3
+                            : ihdr.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ? 2
+                                                                                 : 1;
+  const uint64_t row_bytes = (uint64_t{ihdr.width} * channels * ihdr.bit_depth + 7) / 8;
+  if (uint64_t{ihdr.width} * ihdr.height > DecodeLimits{}.max_pixels ||
+      static_cast<uint64_t>(size) * 1032 < (row_bytes + 1) * ihdr.height) {
+    return;
+  }
+  spng_trns trns{};
+  const int chunks = spng_get_trns(ctx.get(), &trns);
+  if (chunks != 0 && chunks != SPNG_ECHUNKAVAIL) return;  // libspng's to name
+  static detail::PngScanlines scanlines;  // kept across inputs, as a decoder keeps it
+  detail::PngRowLayout layout;
+  layout.width = ihdr.width;
+  layout.height = ihdr.height;
+  layout.bits_per_pixel = static_cast<int>(channels) * ihdr.bit_depth;
+  if (scanlines.read(png, size, layout) != nullptr) return;
+  if (!scanlines.unfilter_through(ihdr.height - 1)) return;
+  check(scanlines.row_bytes() == row_bytes, "PngScanlines' rows are IHDR's");
+  check(spng_decode_image(ctx.get(), nullptr, 0, SPNG_FMT_RAW, SPNG_DECODE_PROGRESSIVE) == 0,
+        "libspng starts the decode of a file PngScanlines read");
+  std::vector<uint8_t> row(row_bytes);
+  for (uint32_t r = 0; r < ihdr.height; ++r) {
+    const int status = spng_decode_row(ctx.get(), row.data(), row.size());
+    check(status == 0 || (status == SPNG_EOI && r == ihdr.height - 1),
+          "libspng decodes every row of a file PngScanlines read");
+    check(std::memcmp(row.data(), scanlines.row(r), row.size()) == 0,
+          "PngScanlines' rows are libspng's");
+  }
+}
+
 void run_one(FuzzedDataProvider& cfg, const uint8_t* png, size_t size) {
+  compare_with_libspng(png, size);
   if (cfg.ConsumeBool()) {
     run_image_writer(cfg, png, size);
   } else {
