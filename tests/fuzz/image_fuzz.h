@@ -121,7 +121,8 @@ inline void run_region_decoder(FuzzedDataProvider& cfg, detail::ImageFormat form
   touch(image, o.channels);
 }
 
-// One file through ImageWriter with a transform drawn from `cfg` (writers reused per transform).
+// One file through ImageWriter with a transform drawn from `cfg` (writers reused per transform, a
+// few hundred at a time).
 inline void run_image_writer(FuzzedDataProvider& cfg, const uint8_t* file, size_t size) {
   ImageTransform t;
   t.mode = static_cast<ImageTransform::Mode>(cfg.ConsumeIntegralInRange<int>(0, 2));
@@ -130,9 +131,14 @@ inline void run_image_writer(FuzzedDataProvider& cfg, const uint8_t* file, size_
   t.layout = cfg.ConsumeBool() ? conveyor::ImageLayout::kHWC : conveyor::ImageLayout::kCHW;
   t.flip_probability = 0.5;
   t.limits.max_pixels = pick_limit(cfg);
+  // At most 256 writers at a time: each holds a decoder of every format, and the 30,000-odd
+  // transforms a long run draws did not fit in -rss_limit_mb (a 600 s run of conveyor-png-fuzz
+  // held 21,846 writers, 1.5 GB, and ended in an out-of-memory).
   static std::map<std::tuple<int, int, int, int, uint64_t>, std::unique_ptr<ImageWriter>> cache;
-  auto& writer = cache[{static_cast<int>(t.mode), t.size, t.resize, static_cast<int>(t.layout),
-                        t.limits.max_pixels}];
+  const std::tuple<int, int, int, int, uint64_t> key{
+      static_cast<int>(t.mode), t.size, t.resize, static_cast<int>(t.layout), t.limits.max_pixels};
+  if (cache.size() >= 256 && cache.find(key) == cache.end()) cache.clear();
+  auto& writer = cache[key];
   if (!writer) writer = std::make_unique<ImageWriter>(t);
   conveyor::SampleContext ctx;
   ctx.seed = cfg.ConsumeIntegral<uint32_t>();

@@ -14,7 +14,9 @@
 // every row, libspng's own progressive decode of it (SPNG_FMT_RAW, spng_decode_row for every row)
 // must succeed and give the same rows; a difference is a finding (abort). The chunks after the
 // image data are not compared: libspng checks ancillary chunks' contents there, which
-// PngScanlines leaves alone.
+// PngScanlines leaves alone. A second pass reads the input's bytes as the filtered rows of an
+// image of any kind, so that the unfilter sees rows no valid stream would reach by mutation, and
+// compares them the same way (compare_unfilter).
 //
 // `conveyor-png-fuzz --write-seeds DIR` writes the seed corpus (every colour type and bit depth,
 // interlaced or not, with tRNS, at small odd sizes: tests/png_writer.h; the same image data in
@@ -124,8 +126,81 @@ void compare_with_libspng(const uint8_t* png, size_t size) {
   }
 }
 
+// The second pass, over the unfilter: the input's bytes read as an image's filtered rows (byte 0
+// picks the colour type and bit depth, bytes 1 and 2 the width, 1..64, and the height, 1..16;
+// the rest, repeated as needed, are the rows, each row's first byte a filter 0-4, or a bad one,
+// 5-10, where it is 250 or more), deflated and framed here. PngScanlines reads the file and refuses
+// the first bad filter byte; libspng gives the same rows above it and none from it on (it may stop
+// one row before it: it reads a row ahead).
+void compare_unfilter(const uint8_t* data, size_t size) {
+  using namespace conveyor::testing;
+  if (size < 4) return;
+  static const std::vector<PngSpec> kinds = every_png_kind();
+  const PngSpec kind = kinds[data[0] % kinds.size()];
+  const uint32_t width = 1u + data[1] % 64u, height = 1u + data[2] % 16u;
+  const size_t row_bytes =
+      (size_t{width} * static_cast<size_t>(png_channels(kind.color_type) * kind.bit_depth) + 7) / 8;
+  std::vector<uint8_t> rows((row_bytes + 1) * height);
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = data[3 + i % (size - 3)];
+  uint32_t bad = height;  // the first row with a bad filter byte
+  for (uint32_t r = 0; r < height; ++r) {
+    uint8_t& filter = rows[r * (row_bytes + 1)];
+    if (filter < 250) {
+      filter = static_cast<uint8_t>(filter % 5);
+    } else {
+      filter = static_cast<uint8_t>(filter - 245);  // 5 to 10
+      if (bad == height) bad = r;
+    }
+  }
+  uLongf packed = compressBound(static_cast<uLong>(rows.size()));
+  std::vector<uint8_t> idat(packed), ihdr;
+  check(compress2(idat.data(), &packed, rows.data(), static_cast<uLong>(rows.size()), 1) == Z_OK,
+        "zlib deflates the rows");
+  idat.resize(packed);
+  png_detail::put32(ihdr, width);
+  png_detail::put32(ihdr, height);
+  ihdr.insert(ihdr.end(), {static_cast<uint8_t>(kind.bit_depth),
+                           static_cast<uint8_t>(kind.color_type), 0, 0, 0});
+  const uint8_t signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+  std::vector<uint8_t> file(signature, signature + 8);
+  png_detail::chunk(file, "IHDR", ihdr);
+  if (kind.color_type == 3) {
+    png_detail::chunk(file, "PLTE", std::vector<uint8_t>(size_t{3} << kind.bit_depth, 0));
+  }
+  png_detail::chunk(file, "IDAT", idat);
+  png_detail::chunk(file, "IEND", {});
+
+  static detail::PngScanlines scanlines;
+  detail::PngRowLayout layout;
+  layout.width = width;
+  layout.height = height;
+  layout.bits_per_pixel = png_channels(kind.color_type) * kind.bit_depth;
+  check(scanlines.read(file.data(), file.size(), layout) == nullptr,
+        "PngScanlines reads a well-framed file");
+  check(scanlines.unfilter_through(height - 1) == (bad == height),
+        "PngScanlines refuses a bad filter byte, and only that");
+  std::unique_ptr<spng_ctx, SpngFree> ctx(spng_ctx_new(0));
+  check(ctx && spng_set_png_buffer(ctx.get(), file.data(), file.size()) == 0 &&
+            spng_decode_image(ctx.get(), nullptr, 0, SPNG_FMT_RAW, SPNG_DECODE_PROGRESSIVE) == 0,
+        "libspng starts the decode of a well-framed file");
+  std::vector<uint8_t> row(row_bytes);
+  for (uint32_t r = 0; r < height; ++r) {
+    const int status = spng_decode_row(ctx.get(), row.data(), row.size());
+    const bool ok = status == 0 || (status == SPNG_EOI && r == height - 1);
+    if (r >= bad) {
+      check(!ok, "libspng refuses a bad filter byte");
+      break;
+    }
+    if (!ok && r + 1 == bad) break;  // libspng read the bad row ahead
+    check(ok, "libspng decodes the rows above a bad filter byte");
+    check(std::memcmp(row.data(), scanlines.row(r), row.size()) == 0,
+          "PngScanlines' unfiltered rows are libspng's");
+  }
+}
+
 void run_one(FuzzedDataProvider& cfg, const uint8_t* png, size_t size) {
   compare_with_libspng(png, size);
+  compare_unfilter(png, size);
   if (cfg.ConsumeBool()) {
     run_image_writer(cfg, png, size);
   } else {
