@@ -180,9 +180,13 @@ void compare_unfilter(const uint8_t* data, size_t size) {
   check(scanlines.unfilter_through(height - 1) == (bad == height),
         "PngScanlines refuses a bad filter byte, and only that");
   std::unique_ptr<spng_ctx, SpngFree> ctx(spng_ctx_new(0));
-  check(ctx && spng_set_png_buffer(ctx.get(), file.data(), file.size()) == 0 &&
-            spng_decode_image(ctx.get(), nullptr, 0, SPNG_FMT_RAW, SPNG_DECODE_PROGRESSIVE) == 0,
-        "libspng starts the decode of a well-framed file");
+  check(ctx && spng_set_png_buffer(ctx.get(), file.data(), file.size()) == 0,
+        "libspng takes the file");
+  // libspng reads the first row as the decode starts: a bad filter byte there ends it.
+  const bool started =
+      spng_decode_image(ctx.get(), nullptr, 0, SPNG_FMT_RAW, SPNG_DECODE_PROGRESSIVE) == 0;
+  check(started || bad == 0, "libspng starts the decode of a well-framed file");
+  if (!started) return;
   std::vector<uint8_t> row(row_bytes);
   for (uint32_t r = 0; r < height; ++r) {
     const int status = spng_decode_row(ctx.get(), row.data(), row.size());
