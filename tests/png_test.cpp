@@ -319,8 +319,10 @@ TEST(PngScanlines, RowsAreLibspngsForEveryKindSizeAndChunkLayout) {
   std::mt19937 rng(32);
   detail::PngScanlines scanlines;
   size_t files = 0, many_idats = 0;
+  std::set<std::pair<int, int>> kinds;  // (colour type, bit depth) read
   for (int k = 0; k < 160; ++k) {
     const PngSpec s = random_spec(rng);
+    kinds.insert({s.color_type, s.bit_depth});
     const PngFile f = make_png(s, 1000 + static_cast<uint64_t>(k));
     testing::PngLayout one, split, empties;
     split.idat_max = 1 + rng() % 7;
@@ -362,6 +364,7 @@ TEST(PngScanlines, RowsAreLibspngsForEveryKindSizeAndChunkLayout) {
     }
   }
   EXPECT_EQ(files, 160u * 4);
+  EXPECT_EQ(kinds.size(), testing::every_png_kind().size());
   EXPECT_GT(many_idats, 160u);
 }
 
