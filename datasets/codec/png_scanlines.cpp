@@ -93,9 +93,7 @@ void PngScanlines::DecompressorFree::operator()(libdeflate_decompressor* d) cons
   libdeflate_free_decompressor(d);
 }
 
-PngScanlines::PngScanlines() : inflater_(libdeflate_alloc_decompressor()) {
-  if (!inflater_) throw std::bad_alloc();
-}
+PngScanlines::PngScanlines() = default;
 
 PngScanlines::~PngScanlines() = default;
 
@@ -125,6 +123,17 @@ const char* PngScanlines::read(const uint8_t* png, size_t size, const PngRowLayo
     }
     const bool idat = chunk_is(chunk, "IDAT");
     if (idat && idat_ended) return "IDAT chunks are not consecutive";
+    if (idat_chunks > 0 && !idat) {
+      // After the image data libspng refuses a chunk type that is not four letters, and every
+      // critical chunk (an upper-case first letter) but IEND: so does this reader.
+      for (int k = 4; k < 8; ++k) {
+        const uint8_t letter = static_cast<uint8_t>(chunk[k] & ~0x20);
+        if (letter < 'A' || letter > 'Z') return "a chunk type after the image data is not letters";
+      }
+      if ((chunk[4] & 0x20) == 0 && !chunk_is(chunk, "IEND")) {
+        return "a critical chunk after the image data";
+      }
+    }
     if (idat || idat_chunks > 0) {  // the chunks before the first IDAT were libspng's to check
       const uint32_t crc = libdeflate_crc32(0, chunk + 4, size_t{length} + 4);
       if (crc != load_be32(chunk + 8 + length)) return "a chunk's CRC does not match";
@@ -162,6 +171,10 @@ const char* PngScanlines::read(const uint8_t* png, size_t size, const PngRowLayo
   }
   // begin() refused a file too short for its rows, so `total` is within deflate's 1032:1 of the
   // file's size.
+  if (!inflater_) {  // made at the first PNG, not for every decoder that never meets one
+    inflater_.reset(libdeflate_alloc_decompressor());
+    if (!inflater_) throw std::bad_alloc();
+  }
   fit(rows_, total);
   size_t consumed = 0;
   const libdeflate_result result = libdeflate_zlib_decompress_ex(
@@ -169,6 +182,12 @@ const char* PngScanlines::read(const uint8_t* png, size_t size, const PngRowLayo
   if (result != LIBDEFLATE_SUCCESS) return "the image data do not inflate to the declared rows";
   if (consumed != idat_bytes) return "data after the image data's zlib stream";
   stride_ = static_cast<size_t>(row_bytes) + 1;
+  // libspng reads a row ahead of the one asked for, and so refuses the rows just above a bad
+  // filter byte: every row's is checked here, and a file with one goes to libspng, which decodes
+  // what it decoded before (the rows of a region well above the damage) or names the damage.
+  for (uint64_t r = 0; r < layout.height; ++r) {
+    if (rows_[static_cast<size_t>(r) * stride_] > 4) return "a row's filter byte is not 0-4";
+  }
   filter_bpp_ = std::max<size_t>(1, static_cast<size_t>(layout.bits_per_pixel) / 8);
   if (zero_.size() < stride_) zero_.assign(stride_, 0);
   height_ = layout.height;

@@ -10,9 +10,10 @@
 //
 // What it guarantees: read() either succeeds, with every byte of every chunk from the first IDAT
 // to IEND checked (lengths within the file, CRCs, IDATs consecutive, the stream inflating to
-// exactly the rows IHDR declares, with nothing after it), or returns a reason and leaves nothing
-// half-done that a later call could read. It never throws on the file's content (only
-// std::bad_alloc). unfilter_through() checks each row's filter byte. A caller that gets a reason
+// exactly the rows IHDR declares, with nothing after it, every row's filter byte 0-4, no critical
+// chunk but IEND after the image data), or returns a reason and leaves nothing half-done that a
+// later call could read. It never throws on the file's content (only std::bad_alloc). A caller
+// that gets a reason
 // decodes the file with libspng instead, which names the damage: this reader never decides alone
 // that a file is corrupt, so it accepts nothing libspng refuses in the image data, and refuses
 // (to libspng) everything else it does not understand.
@@ -55,8 +56,8 @@ class PngScanlines {
   const char* read(const uint8_t* png, size_t size, const PngRowLayout& layout);
 
   // Unfilters rows up to `last` (inclusive; rows before it already unfiltered are kept). Returns
-  // false when a row's filter byte is not 0-4 (rows before it stay valid). Requires a successful
-  // read() and last < height.
+  // false only when a row's filter byte is not 0-4, which read() refused already. Requires a
+  // successful read() and last < height.
   bool unfilter_through(uint32_t last);
 
   // Row r's samples (requires r <= the last row unfiltered), stride() bytes after row r - 1's.
@@ -69,7 +70,7 @@ class PngScanlines {
   struct DecompressorFree {
     void operator()(libdeflate_decompressor* d) const;
   };
-  std::unique_ptr<libdeflate_decompressor, DecompressorFree> inflater_;
+  std::unique_ptr<libdeflate_decompressor, DecompressorFree> inflater_;  // made by the first read()
   std::vector<uint8_t> idat_;  // the IDAT chunks' data, joined, when there is more than one
   std::vector<uint8_t> rows_;  // each row's filter byte, then its bytes
   std::vector<uint8_t> zero_;  // the row above the first: zeros
