@@ -623,6 +623,11 @@ def run_sqlite(args):
                                                  lambda b: check_images(images(b)))
     result.update(samples=samples, timed_samples=timed, seconds=seconds,
                   wall_seconds=time.perf_counter() - start)
+    if args.sqlite_memory:
+        # The loader, and PyTorch's persistent worker processes with it, stay a second (ten of
+        # the parent's polls) after the last batch: a short run's workers could otherwise live
+        # between two polls, and the tree's memory would be counted without them.
+        time.sleep(1.0)
     if name == "conveyor-sqlite":
         # Where the time goes, over every epoch: the workers' fill, the loop's waits, the GIL
         # (held to call __getitem__ and copy what it returned), and the connections the
@@ -642,6 +647,8 @@ def run_sqlite_one(name, args, prepared):
     cmd = [sys.executable, __file__, "--run", name, "--data", prepared["folder"], "--sqlite-db",
            prepared["db"], "--workers", str(args.workers), "--epochs", str(args.epochs),
            "--batch-size", str(args.batch_size), "--records-mb", str(args.records_mb)]
+    if args.sqlite_memory:
+        cmd.append("--sqlite-memory")
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         child_process = subprocess.Popen(cmd, stdout=out, stderr=err, text=True)
         if args.sqlite_memory:
