@@ -537,6 +537,13 @@ std::vector<Damage> damages(int height) {
   };
 }
 
+// A PNG decoder of `channels` (3: RGB, 4: RGBX) with the default limits.
+std::unique_ptr<detail::ImageDecoder> png_decoder(int channels) {
+  DecodeOptions options;
+  options.channels = channels;
+  return detail::make_image_decoder(detail::ImageFormat::kPng, DecodeLimits{}, options);
+}
+
 // Each damage PngScanlines must refuse is refused, and the decoder then gives what libspng
 // alone gives (finish_region with 3 and 4 channels, finish_rgba, finish_samples for gray and
 // palette): the same pixels where libspng decodes the region (damage at or below it), an
@@ -560,12 +567,7 @@ TEST(PngScanlines, DamageIsRefusedAndTheDecoderGivesWhatLibspngGives) {
   base(3, 4, 19, 11, false);
   base(0, 16, 13, 7, false);
   detail::PngScanlines scanlines;
-  std::unique_ptr<detail::ImageDecoder> rgb =
-      detail::make_image_decoder(detail::ImageFormat::kPng, DecodeLimits{}, DecodeOptions{});
-  DecodeOptions four;
-  four.channels = 4;
-  std::unique_ptr<detail::ImageDecoder> rgba =
-      detail::make_image_decoder(detail::ImageFormat::kPng, DecodeLimits{}, four);
+  std::unique_ptr<detail::ImageDecoder> rgb = png_decoder(3), rgba = png_decoder(4);
   std::mt19937 rng(3);
   size_t cases = 0, regions = 0, decoded = 0, refused = 0, read_ahead = 0;
   for (const PngSpec& s : bases) {
@@ -683,12 +685,7 @@ TEST(PngScanlines, DamageIsRefusedAndTheDecoderGivesWhatLibspngGives) {
 // chunk layouts.
 TEST(PngScanlines, DecodedPixelsAreLibspngsForEveryEightBitKind) {
   std::mt19937 rng(9);
-  std::unique_ptr<detail::ImageDecoder> rgb =
-      detail::make_image_decoder(detail::ImageFormat::kPng, DecodeLimits{}, DecodeOptions{});
-  DecodeOptions four;
-  four.channels = 4;
-  std::unique_ptr<detail::ImageDecoder> rgba =
-      detail::make_image_decoder(detail::ImageFormat::kPng, DecodeLimits{}, four);
+  std::unique_ptr<detail::ImageDecoder> rgb = png_decoder(3), rgba = png_decoder(4);
   size_t compared = 0, with_trns = 0;
   const int types[] = {0, 2, 4, 6, 3};
   for (int k = 0; k < 100; ++k) {

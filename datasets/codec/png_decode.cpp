@@ -67,10 +67,7 @@ class PngDecoder final : public ImageDecoder {
     // Deflate packs at most 1032 bytes into one (its longest match, 258 bytes, in two bits at
     // best): a file too short for the rows it declares is truncated, and is refused here rather
     // than after buffers of the declared size were allocated.
-    const uint64_t channels = ihdr_.color_type == SPNG_COLOR_TYPE_TRUECOLOR_ALPHA   ? 4
-                              : ihdr_.color_type == SPNG_COLOR_TYPE_TRUECOLOR       ? 3
-                              : ihdr_.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ? 2
-                                                                                    : 1;
+    const uint64_t channels = static_cast<uint64_t>(file_channels());
     const uint64_t row = (uint64_t{ihdr_.width} * channels * ihdr_.bit_depth + 7) / 8 + 1;
     if (static_cast<uint64_t>(size) * 1032 < row * ihdr_.height) {
       ctx_.reset();
